@@ -1,0 +1,261 @@
+"""Typed, validated plugin configuration.
+
+Read from environment variables with the prefix ``SGLANG_SPEC_EXT_`` and an
+optional JSON file named by ``SGLANG_SPEC_EXT_CONFIG`` (keys are the field names
+below, lower case, without the prefix). Precedence: environment variable >
+JSON file > default. Every invalid value raises :class:`ConfigError` naming the
+variable (or file key), the value and the accepted range.
+
+SGLang cannot be given new command-line flags by a plugin, so everything that
+has no fitting ServerArgs field is configured here. The verify width reuses
+``--speculative-num-draft-tokens``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "SGLANG_SPEC_EXT_"
+CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
+
+
+class ConfigError(ValueError):
+    """A configuration value (env var or JSON key) is invalid."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One configuration field: its type, default, accepted range and help."""
+
+    name: str
+    kind: type  # int, float, bool or str
+    default: Any
+    help: str
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    def describe_range(self) -> str:
+        if self.kind is bool:
+            return "a boolean (1/0, true/false, yes/no, on/off)"
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        kind = "an integer" if self.kind is int else "a number"
+        return f"{kind} in [{self.lo:g}, {self.hi:g}]"
+
+
+# The single table of configuration fields. README.md documents each one.
+FIELDS: tuple[Field, ...] = (
+    # Suffix drafter (SUFFIX algorithm).
+    Field("max_depth", int, 64, "longest suffix matched and deepest draft path", 1, 1024),
+    Field(
+        "spec_factor",
+        float,
+        1.0,
+        "draft budget = spec_factor x match length + spec_offset (capped by the verify width)",
+        0.0,
+        64.0,
+    ),
+    Field("spec_offset", float, 0.0, "see spec_factor", -64.0, 1024.0),
+    Field(
+        "min_token_prob",
+        float,
+        0.1,
+        "drop draft continuations whose estimated path probability is below this",
+        0.0,
+        1.0,
+    ),
+    Field(
+        "max_cached_requests",
+        int,
+        10000,
+        "global tree bound: past requests kept (oldest evicted first); 0 disables it",
+        0,
+        10_000_000,
+    ),
+    Field(
+        "max_cached_tokens",
+        int,
+        4_000_000,
+        "global tree bound: tokens kept over all cached requests (oldest evicted first)",
+        0,
+        1_000_000_000,
+    ),
+    Field("cache_prompts", bool, True, "insert prompts (not only outputs) into the global tree"),
+    Field("use_tree", bool, True, "draft trees (True) or single chains (False)"),
+    Field(
+        "backend",
+        str,
+        "auto",
+        "suffix drafter implementation: auto (native if built), native or python",
+        choices=("auto", "native", "python"),
+    ),
+    # Host integration.
+    Field(
+        "cpu_fallbacks",
+        bool,
+        True,
+        "install pure-torch versions of host kernels missing on CPU-only hosts",
+    ),
+    # Adaptive draft-width controller.
+    Field("adaptive", bool, False, "choose the draft width per step from measured goodput"),
+)
+
+_FIELD_BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(field: Field, raw: Any, source: str) -> Any:
+    """Convert ``raw`` (a string from the environment or a JSON value) and check range."""
+
+    def bad() -> ConfigError:
+        return ConfigError(
+            f"{source}={raw!r} is invalid: expected {field.describe_range()} ({field.help})"
+        )
+
+    if field.kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+            return raw.strip().lower() in _TRUE
+        raise bad()
+    if field.kind is str:
+        if not isinstance(raw, str) or (field.choices and raw.strip() not in field.choices):
+            raise bad()
+        return raw.strip()
+    # Numbers: JSON booleans are not numbers.
+    if isinstance(raw, bool):
+        raise bad()
+    try:
+        if field.kind is int:
+            if isinstance(raw, float) and not raw.is_integer():
+                raise bad()
+            value: float = int(raw.strip()) if isinstance(raw, str) else int(raw)
+        else:
+            value = float(raw.strip()) if isinstance(raw, str) else float(raw)
+    except (TypeError, ValueError):
+        raise bad() from None
+    if math.isnan(value) or not (field.lo <= value <= field.hi):
+        raise bad()
+    return value
+
+
+def _read_json(path_str: str) -> dict[str, Any]:
+    path = Path(path_str).expanduser()
+    where = f"{CONFIG_FILE_ENV}={path_str!r}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read the config file: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{where}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{where}: the top level must be a JSON object, got {type(data).__name__}"
+        )
+    unknown = sorted(set(data) - set(_FIELD_BY_NAME))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"accepted keys: {', '.join(sorted(_FIELD_BY_NAME))}"
+        )
+    return data
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """The effective configuration. Build it with :func:`load_config`."""
+
+    max_depth: int = 64
+    spec_factor: float = 1.0
+    spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+    max_cached_requests: int = 10000
+    max_cached_tokens: int = 4_000_000
+    cache_prompts: bool = True
+    use_tree: bool = True
+    backend: str = "auto"
+    cpu_fallbacks: bool = True
+    adaptive: bool = False
+    # Where each value came from: field name -> "default" | "file" | "env".
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in FIELDS}
+
+
+def _check_fields_match() -> None:
+    declared = {f.name for f in dataclasses.fields(PluginConfig)} - {"sources"}
+    if declared != set(_FIELD_BY_NAME):  # pragma: no cover - a programming error
+        raise AssertionError(f"FIELDS and PluginConfig disagree: {declared ^ set(_FIELD_BY_NAME)}")
+    for f in FIELDS:
+        default = next(d.default for d in dataclasses.fields(PluginConfig) if d.name == f.name)
+        if default != f.default:  # pragma: no cover
+            raise AssertionError(f"default of {f.name} differs between FIELDS and PluginConfig")
+
+
+_check_fields_match()
+
+
+def load_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
+    """Read and validate the configuration from ``environ`` (default ``os.environ``)."""
+    env = os.environ if environ is None else environ
+    unknown_env = sorted(
+        k
+        for k in env
+        if k.startswith(ENV_PREFIX)
+        and k != CONFIG_FILE_ENV
+        and k[len(ENV_PREFIX) :].lower() not in _FIELD_BY_NAME
+    )
+    if unknown_env:
+        raise ConfigError(
+            f"unknown variable(s) {', '.join(unknown_env)}; accepted: "
+            + ", ".join(f.env for f in FIELDS)
+            + f", {CONFIG_FILE_ENV}"
+        )
+    file_values: dict[str, Any] = {}
+    if env.get(CONFIG_FILE_ENV):
+        file_values = _read_json(env[CONFIG_FILE_ENV])
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for f in FIELDS:
+        if f.env in env:
+            values[f.name] = _coerce(f, env[f.env], f.env)
+            sources[f.name] = "env"
+        elif f.name in file_values:
+            values[f.name] = _coerce(
+                f, file_values[f.name], f"{env[CONFIG_FILE_ENV]}: key {f.name!r}"
+            )
+            sources[f.name] = "file"
+        else:
+            values[f.name] = f.default
+            sources[f.name] = "default"
+    if values["max_cached_requests"] > 0 and values["max_cached_tokens"] == 0:
+        raise ConfigError(
+            f"{_FIELD_BY_NAME['max_cached_tokens'].env}=0 with "
+            f"{_FIELD_BY_NAME['max_cached_requests'].env}={values['max_cached_requests']}: "
+            "the global tree cannot hold requests without tokens; set both to 0 to disable it"
+        )
+    return PluginConfig(**values, sources=sources)
+
+
+def field_table() -> list[tuple[str, str, str, str]]:
+    """(env var, default, accepted range, help) rows, for docs and ``doctor``."""
+    return [(f.env, repr(f.default), f.describe_range(), f.help) for f in FIELDS]

@@ -1,0 +1,148 @@
+"""Server-argument handling for our algorithms.
+
+The host runs ``validate_server_args`` first, then ``handle_server_args``; both
+receive a stand-in for ``ServerArgs`` whose reads see the current resolution and
+whose writes to existing fields are recorded as decisions (other names are
+dropped). Every rejection names the flag and what to use instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sglang_spec_ext.config import ConfigError, PluginConfig, load_config
+
+logger = logging.getLogger("sglang_spec_ext")
+
+#: Verify width (tokens per request per verify, the root included) used when
+#: ``--speculative-num-draft-tokens`` is not given.
+DEFAULT_NUM_DRAFT_TOKENS = 16
+#: Largest accepted verify width: the tree mask is width^2 per request.
+MAX_NUM_DRAFT_TOKENS = 128
+#: Tree breadth bound reported to the host as ``speculative_eagle_topk``.
+MAX_TREE_BREADTH = 8
+#: Host default for NGRAM-shaped algorithms; the same reasoning applies.
+DEFAULT_MAX_RUNNING_REQUESTS = 48
+SUPPORTED_DEVICES = ("cuda", "cpu", "xpu")
+
+
+class IncompatibleServerArgs(ValueError):
+    """A server flag cannot be combined with our algorithm."""
+
+
+def _get(args: Any, name: str, default: Any = None) -> Any:
+    return getattr(args, name, default)
+
+
+def plugin_config() -> PluginConfig:
+    """The validated plugin config, with errors phrased for a server start-up."""
+    try:
+        return load_config()
+    except ConfigError as e:
+        raise ConfigError(f"sglang-spec-ext configuration error: {e}") from None
+
+
+def _flag_problems(algo: str, args: Any) -> list[str]:
+    """Every flag that cannot be combined with ``algo``, each with its fix."""
+    problems = []
+    device = str(_get(args, "device") or "cuda").split(":", 1)[0]
+    if device not in SUPPORTED_DEVICES:
+        problems.append(
+            f"--device {device}: {algo} supports {', '.join(SUPPORTED_DEVICES)}; "
+            "use one of those or another --speculative-algorithm"
+        )
+    if (_get(args, "pp_size") or 1) > 1:
+        problems.append(
+            f"--pp-size {_get(args, 'pp_size')}: {algo} does not support pipeline "
+            "parallelism; use --pp-size 1 (tensor parallelism with --tp-size works)"
+        )
+    if _get(args, "enable_dp_attention"):
+        problems.append(
+            f"--enable-dp-attention: {algo} does not support DP attention; drop the flag "
+            "(use --dp-size with plain data parallelism instead)"
+        )
+    if _get(args, "speculative_use_block_verification"):
+        problems.append(
+            f"--speculative-use-block-verification: not available with {algo} "
+            "(its drafts carry no proposal distribution); drop the flag"
+        )
+    if _get(args, "enable_watermark"):
+        problems.append(
+            f"--enable-watermark: watermarking is not supported with {algo}; drop the flag "
+            "or run without speculative decoding"
+        )
+    if _get(args, "speculative_adaptive"):
+        problems.append(
+            f"--speculative-adaptive: the host's adaptive steps only drive EAGLE chains; "
+            f"for {algo} drop the flag and set SGLANG_SPEC_EXT_ADAPTIVE=1"
+        )
+    if _get(args, "speculative_draft_model_path"):
+        problems.append(
+            f"--speculative-draft-model-path: {algo} is model-free and loads no draft "
+            "model; drop the flag"
+        )
+    if (_get(args, "disaggregation_mode") or "null") != "null":
+        problems.append(
+            f"--disaggregation-mode {_get(args, 'disaggregation_mode')}: {algo} does not "
+            "support prefill/decode disaggregation yet; run a non-disaggregated server"
+        )
+    if _get(args, "enable_two_batch_overlap"):
+        problems.append(f"--enable-two-batch-overlap: not supported with {algo}; drop the flag")
+    width = _get(args, "speculative_num_draft_tokens")
+    if width is not None and not (2 <= int(width) <= MAX_NUM_DRAFT_TOKENS):
+        problems.append(
+            f"--speculative-num-draft-tokens {width}: the verify width (root included) "
+            f"must be in [2, {MAX_NUM_DRAFT_TOKENS}] for {algo}"
+        )
+    return problems
+
+
+def validate_server_args(args: Any) -> None:
+    """Host hook ``validate_server_args``: reject bad config and incompatible flags."""
+    algo = str(_get(args, "speculative_algorithm") or "SUFFIX").upper()
+    plugin_config()
+    problems = _flag_problems(algo, args)
+    if problems:
+        raise IncompatibleServerArgs(
+            f"--speculative-algorithm {algo} cannot start:\n  - " + "\n  - ".join(problems)
+        )
+
+
+def handle_server_args(algo: str, args: Any) -> None:
+    """Host hook ``handle_server_args``: set every field the NGRAM-shaped path needs."""
+    config = plugin_config()
+    device = str(_get(args, "device") or "cuda").split(":", 1)[0]
+    if device == "cpu" and not _get(args, "disable_overlap_schedule"):
+        # The host implements no overlap scheduling for speculative decoding on CPU.
+        args.disable_overlap_schedule = True
+        logger.warning("%s on CPU: overlap scheduling turned off (host limitation).", algo)
+    if _get(args, "max_running_requests") is None:
+        args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
+        logger.warning(
+            "%s: --max-running-requests defaults to %d; set it explicitly to change.",
+            algo,
+            DEFAULT_MAX_RUNNING_REQUESTS,
+        )
+    if _get(args, "enable_mixed_chunk"):
+        logger.warning("%s: mixed chunked prefill is turned off (host limitation).", algo)
+    args.enable_mixed_chunk = False
+
+    width = _get(args, "speculative_num_draft_tokens")
+    if width is None:
+        width = DEFAULT_NUM_DRAFT_TOKENS
+        args.speculative_num_draft_tokens = width
+    breadth = max(1, min(MAX_TREE_BREADTH, width - 1)) if config.use_tree else 1
+    args.speculative_eagle_topk = breadth
+    args.speculative_num_steps = max(1, width // breadth)
+    # The host's NGRAM fields size its own corpus, which our worker never builds.
+    args.speculative_ngram_max_trie_depth = config.max_depth
+
+    page_size = _get(args, "page_size") or 1
+    backend = _get(args, "attention_backend")
+    if breadth > 1 and page_size > 1 and backend not in (None, "flashinfer"):
+        raise IncompatibleServerArgs(
+            f"--page-size {page_size} with --attention-backend {backend}: tree verification "
+            "is only correct with page size 1 or the flashinfer backend; use --page-size 1, "
+            "--attention-backend flashinfer, or chain drafts (SGLANG_SPEC_EXT_USE_TREE=0)"
+        )

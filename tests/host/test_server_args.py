@@ -1,0 +1,111 @@
+"""SUFFIX through the host's real argument pipeline:
+prepare_server_args -> resolve_once -> check_server_args."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from sglang.srt.arg_groups.overrides import resolved_view
+from sglang.srt.server_args import prepare_server_args
+
+from sglang_spec_ext.config import ConfigError
+from sglang_spec_ext.plugin import register
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    # A real model directory: with --model-path dummy the host skips speculative validation.
+    from sglang_spec_ext.testing_models import build_tiny_llama
+
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
+
+
+@pytest.fixture(autouse=True)
+def _registered(monkeypatch):
+    for k in list(__import__("os").environ):
+        if k.startswith("SGLANG_SPEC_EXT_"):
+            monkeypatch.delenv(k)
+    logging.getLogger("sglang").setLevel(logging.ERROR)
+    register()
+
+
+def resolve(model_dir, *extra):
+    sa = prepare_server_args(
+        [
+            "--model-path",
+            model_dir,
+            "--device",
+            "cpu",
+            "--attention-backend",
+            "torch_native",
+            "--speculative-algorithm",
+            "suffix",
+            *extra,
+        ]
+    )
+    sa.resolve_once()
+    sa.check_server_args()
+    return resolved_view(sa)
+
+
+def test_defaults_resolve(model_dir):
+    v = resolve(model_dir)
+    assert v.speculative_algorithm == "SUFFIX"
+    assert v.speculative_num_draft_tokens == 16
+    assert v.speculative_eagle_topk == 8
+    assert v.speculative_num_steps == 2
+    assert v.enable_mixed_chunk is False
+    assert v.max_running_requests == 48
+    assert v.disable_overlap_schedule is True  # CPU: the host has no spec overlap there
+
+
+def test_user_choices_are_kept(model_dir):
+    v = resolve(
+        model_dir,
+        "--speculative-num-draft-tokens",
+        "8",
+        "--max-running-requests",
+        "4",
+        "--enable-mixed-chunk",
+    )
+    assert v.speculative_num_draft_tokens == 8
+    assert v.speculative_eagle_topk == 7
+    assert v.max_running_requests == 4
+    assert v.enable_mixed_chunk is False
+
+
+def test_chain_drafts_use_topk_one(model_dir, monkeypatch):
+    monkeypatch.setenv("SGLANG_SPEC_EXT_USE_TREE", "0")
+    v = resolve(model_dir, "--speculative-num-draft-tokens", "6")
+    assert v.speculative_eagle_topk == 1 and v.speculative_num_steps == 6
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--pp-size", "2"], "--pp-size 2: SUFFIX does not support pipeline parallelism"),
+        (["--enable-dp-attention", "--dp-size", "2"], "--enable-dp-attention"),
+        (["--enable-watermark"], "--enable-watermark"),
+        (["--speculative-adaptive"], "SGLANG_SPEC_EXT_ADAPTIVE=1"),
+        (["--speculative-num-draft-tokens", "1000"], r"must be in \[2, 128\]"),
+        (["--speculative-num-draft-tokens", "1"], r"must be in \[2, 128\]"),
+        (["--speculative-draft-model-path", "/nonexistent"], "model-free"),
+        (["--speculative-use-block-verification"], "block-verification"),
+    ],
+)
+def test_incompatible_flags_are_rejected_with_the_flag_named(model_dir, flags, message):
+    with pytest.raises(Exception, match=message):
+        resolve(model_dir, *flags)
+
+
+def test_bad_config_value_stops_resolution(model_dir, monkeypatch):
+    monkeypatch.setenv("SGLANG_SPEC_EXT_MIN_TOKEN_PROB", "1.5")
+    with pytest.raises(ConfigError, match=r"SGLANG_SPEC_EXT_MIN_TOKEN_PROB='1.5' is invalid"):
+        resolve(model_dir)
+
+
+def test_unknown_config_variable_stops_resolution(model_dir, monkeypatch):
+    monkeypatch.setenv("SGLANG_SPEC_EXT_MAX_DEPHT", "3")
+    with pytest.raises(ConfigError, match="unknown variable.*SGLANG_SPEC_EXT_MAX_DEPHT"):
+        resolve(model_dir)

@@ -1,0 +1,102 @@
+"""Configuration: env vars + JSON file, every invalid value named with its range."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_spec_ext.config import FIELDS, ConfigError, PluginConfig, field_table, load_config
+
+
+def test_defaults_without_environment():
+    cfg = load_config({})
+    assert cfg == PluginConfig()
+    assert set(cfg.sources.values()) == {"default"}
+
+
+def test_env_values_are_parsed_and_typed():
+    cfg = load_config(
+        {
+            "SGLANG_SPEC_EXT_MAX_DEPTH": "32",
+            "SGLANG_SPEC_EXT_SPEC_FACTOR": "2.5",
+            "SGLANG_SPEC_EXT_USE_TREE": "off",
+            "SGLANG_SPEC_EXT_BACKEND": "python",
+        }
+    )
+    assert (cfg.max_depth, cfg.spec_factor, cfg.use_tree, cfg.backend) == (32, 2.5, False, "python")
+    assert cfg.sources["max_depth"] == "env"
+
+
+@pytest.mark.parametrize(
+    "var, value, fragment",
+    [
+        ("SGLANG_SPEC_EXT_MAX_DEPTH", "0", "an integer in [1, 1024]"),
+        ("SGLANG_SPEC_EXT_MAX_DEPTH", "10000000", "an integer in [1, 1024]"),
+        ("SGLANG_SPEC_EXT_MAX_DEPTH", "3.5", "an integer"),
+        ("SGLANG_SPEC_EXT_MIN_TOKEN_PROB", "nan", "a number in [0, 1]"),
+        ("SGLANG_SPEC_EXT_MIN_TOKEN_PROB", "-0.1", "a number in [0, 1]"),
+        ("SGLANG_SPEC_EXT_MAX_CACHED_TOKENS", "1e12", "an integer"),
+        ("SGLANG_SPEC_EXT_USE_TREE", "maybe", "a boolean"),
+        ("SGLANG_SPEC_EXT_BACKEND", "gpu", "one of auto, native, python"),
+    ],
+)
+def test_invalid_env_value_names_variable_value_and_range(var, value, fragment):
+    with pytest.raises(ConfigError) as err:
+        load_config({var: value})
+    msg = str(err.value)
+    assert var in msg and repr(value) in msg and fragment in msg
+
+
+def test_unknown_prefixed_variable_is_rejected():
+    with pytest.raises(ConfigError, match="unknown variable.*SGLANG_SPEC_EXT_MAX_DEPHT"):
+        load_config({"SGLANG_SPEC_EXT_MAX_DEPHT": "3"})
+
+
+def test_json_file_then_env_precedence(tmp_path):
+    f = tmp_path / "spec.json"
+    f.write_text(json.dumps({"max_depth": 20, "min_token_prob": 0.3}))
+    cfg = load_config({"SGLANG_SPEC_EXT_CONFIG": str(f), "SGLANG_SPEC_EXT_MAX_DEPTH": "40"})
+    assert cfg.max_depth == 40 and cfg.sources["max_depth"] == "env"
+    assert cfg.min_token_prob == 0.3 and cfg.sources["min_token_prob"] == "file"
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ("{not json", "not valid JSON at line 1, column 2"),
+        ("[1, 2]", "top level must be a JSON object"),
+        ('{"max_depht": 3}', "unknown key(s) 'max_depht'"),
+        ('{"max_depth": "deep"}', "key 'max_depth'"),
+        ('{"max_depth": true}', "an integer in [1, 1024]"),
+    ],
+)
+def test_corrupt_json_file_is_reported_with_file_and_position(tmp_path, content, fragment):
+    f = tmp_path / "bad.json"
+    f.write_text(content)
+    with pytest.raises(ConfigError) as err:
+        load_config({"SGLANG_SPEC_EXT_CONFIG": str(f)})
+    assert fragment in str(err.value) and str(f) in str(err.value)
+
+
+def test_missing_json_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the config file"):
+        load_config({"SGLANG_SPEC_EXT_CONFIG": str(tmp_path / "nope.json")})
+
+
+def test_inconsistent_cache_bounds():
+    with pytest.raises(ConfigError, match="set both to 0"):
+        load_config({"SGLANG_SPEC_EXT_MAX_CACHED_TOKENS": "0"})
+    cfg = load_config(
+        {"SGLANG_SPEC_EXT_MAX_CACHED_TOKENS": "0", "SGLANG_SPEC_EXT_MAX_CACHED_REQUESTS": "0"}
+    )
+    assert cfg.max_cached_requests == 0
+
+
+def test_every_field_is_documented_in_readme():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    missing = [f.env for f in FIELDS if f.env not in readme]
+    assert not missing, f"README.md does not document {missing}"
+    assert len(field_table()) == len(FIELDS)
