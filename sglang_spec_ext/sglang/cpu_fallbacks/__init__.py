@@ -1,0 +1,5 @@
+"""Pure-torch stand-ins for the speculative-decoding kernels of sgl-kernel's CPU build.
+
+:mod:`.ops` holds the implementations (torch only); :mod:`.install` patches them
+into the host, only on the CPU engine and only for ops the host lacks.
+"""

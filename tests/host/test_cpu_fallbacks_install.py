@@ -1,0 +1,168 @@
+"""The CPU kernel fallbacks install into the real host through its real HookRegistry.
+
+Host modules bind their CPU kernels at import time and only when the CPU engine is on
+(``SGLANG_USE_CPU_ENGINE=1``), so each scenario runs in a fresh interpreter with the
+test-harness placeholders for ``sgl_kernel`` (tests/harness/shim) on its path.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_spec_ext.sglang.cpu_fallbacks.install import (
+    FALLBACKS,
+    VERIFY_ATTENTION,
+    VERIFY_ATTENTION_TARGET,
+)
+from tests.harness.subproc import run_snippet
+
+ALL_OPS = [f.op for f in FALLBACKS]
+OUR_TARGETS = [t for f in FALLBACKS for t in f.targets] + [VERIFY_ATTENTION_TARGET]
+
+EXERCISE_HOST = """
+import json, torch
+from sglang.srt.plugins.hook_registry import HookRegistry
+import sglang.kernels.ops.kvcache.cache_move as cm
+import sglang.kernels.ops.speculative.cache_locs as cl
+import sglang.kernels.ops.speculative.eagle as eg
+import sglang.kernels.ops.speculative.spec_tree as st
+import sglang.kernels.ops.speculative.reconstruct_tree as rt
+import sglang.srt.mem_cache.allocation as al
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+res = {"patched": sorted(HookRegistry._patched)}
+buf = torch.arange(12.0).view(4, 3)
+ptrs, strides = torch.tensor([buf.data_ptr()], dtype=torch.uint64), torch.tensor([12])
+cm.copy_all_layer_kv_cache_func(ptrs, strides, torch.tensor([3]), torch.tensor([0]), 1, 1, {})
+res["kv_copy"] = buf[3].tolist()
+table = torch.arange(40, dtype=torch.int32).view(2, 20)
+al.assign_req_to_token_pool_func(
+    torch.tensor([0]), table, torch.tensor([0]), torch.tensor([2]), torch.tensor([100, 101]), 1)
+res["req_to_token"] = table[0, :3].tolist()
+res["extend_locs"] = cl.assign_extend_cache_locs_func(
+    torch.tensor([1]), table, torch.tensor([3]), torch.tensor([6]), 1, 3, "cpu").tolist()
+bonus = torch.zeros(2, dtype=torch.int32)
+eg.fill_bonus_tokens_func(torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.tensor([2, 3]), bonus, 3, 2)
+res["bonus"] = bonus.tolist()
+mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool).flatten()
+pos, idx, nxt, sib = torch.zeros(3, dtype=torch.int64), *torch.zeros(3, 1, 3, dtype=torch.int64)
+rt.reconstruct_indices_from_tree_mask_func(mask, torch.tensor([10]), pos, idx, nxt, sib, 1, 3)
+res["tree"] = [pos.tolist(), nxt.tolist(), sib.tolist()]
+predict, accept = torch.zeros(3, dtype=torch.int32), torch.full((1, 3), -1, dtype=torch.int32)
+count = torch.zeros(1, dtype=torch.int32)
+st.verify_tree_greedy_func(predict, accept, count, torch.tensor([[0, 4, 5]]), idx, nxt, sib,
+                           torch.tensor([[5, 6, 7]]))
+res["verify"] = [predict.tolist(), accept.tolist(), count.tolist()]
+res["attention_wrapped"] = hasattr(TorchNativeAttnBackend.forward_extend, "__wrapped__")
+print("RESULT " + json.dumps(res))
+"""
+
+
+def _result(code: str, env: dict[str, str] | None = None) -> dict:
+    out = run_snippet(code, env=env, cpu_engine=True)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    assert out.returncode == 0 and lines, out.stdout[-3000:] + out.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def test_load_plugins_installs_every_fallback_into_the_host_modules():
+    res = _result("from sglang.srt.plugins import load_plugins\nload_plugins()\n" + EXERCISE_HOST)
+    assert set(OUR_TARGETS) <= set(res["patched"])
+    assert res["kv_copy"] == [0.0, 1.0, 2.0]
+    assert res["req_to_token"] == [100, 101, 2]
+    assert res["extend_locs"] == [23, 24, 25]
+    assert res["bonus"] == [6, 10]
+    # node 0 has children 1 and 2; positions are depth + seq_len
+    assert res["tree"] == [[10, 11, 11], [[1, -1, -1]], [[-1, 2, -1]]]
+    # target at the root predicts 5: node 2 (token 5) is accepted, then the bonus 7
+    assert res["verify"] == [[5, 0, 7], [[0, 2, -1]], [1]]
+    assert res["attention_wrapped"] is True
+
+
+SIMULATED_REAL_KERNELS = """
+import json, sys, types, torch
+lib = torch.library.Library("sgl_kernel", "FRAGMENT")
+# A real sgl-kernel CPU build: the op resolves in torch.ops.sgl_kernel with a CPU
+# kernel, and the host module binds the library's wrapper, not a placeholder.
+lib.define("copy_all_layer_kv_cache_cpu(Tensor ptrs, Tensor strides, Tensor tgt, Tensor src) -> ()")
+lib.impl("copy_all_layer_kv_cache_cpu", lambda *args: None, "CPU")
+import sglang.kernels.ops.kvcache.cache_move as cm
+def real_copy(*args):
+    return torch.ops.sgl_kernel.copy_all_layer_kv_cache_cpu(*args)
+cm.copy_all_layer_kv_cache_cpu = real_copy
+# A schema without a CPU kernel cannot run here: still needs the fallback.
+lib.define("fill_bonus_tokens_cpu(Tensor a, Tensor b, Tensor(a!) c, int d) -> ()")
+# An op that resolves while the host's binding is a placeholder: still the fallback.
+lib.define("verify_tree_greedy_cpu(Tensor(a!) p) -> ()")
+lib.impl("verify_tree_greedy_cpu", lambda *args: None, "CPU")
+import sglang.kernels.ops.speculative.spec_tree as st
+stale = types.ModuleType("stale_binding")
+stale.verify = st.sgl_verify_tree_greedy_cpu  # a `from spec_tree import ...` copy
+sys.modules["stale_binding"] = stale
+
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang_spec_ext.sglang.cpu_fallbacks.install import host_has_op, install_cpu_fallbacks
+res = {"has": {op: host_has_op(op) for op in OPS}}
+res["first"] = install_cpu_fallbacks()
+res["second"] = install_cpu_fallbacks()
+res["copy_kept"] = cm.copy_all_layer_kv_cache_cpu is real_copy
+res["stale_rebound"] = stale.verify is st.sgl_verify_tree_greedy_cpu
+res["stale_placeholder"] = "placeholder" in repr(stale.verify)
+res["hooks"] = {t: len(h) for t, h in HookRegistry._hooks.items()}
+print("RESULT " + json.dumps(res))
+"""
+
+
+def test_real_kernels_are_kept_and_install_is_idempotent():
+    res = _result(f"OPS = {ALL_OPS!r}\n" + SIMULATED_REAL_KERNELS)
+    assert res["has"] == {op: op == "copy_all_layer_kv_cache_cpu" for op in ALL_OPS}
+    expected = [op for op in ALL_OPS if op != "copy_all_layer_kv_cache_cpu"] + [VERIFY_ATTENTION]
+    assert res["first"] == res["second"] == expected
+    assert res["copy_kept"] is True
+    assert res["stale_rebound"] is True and res["stale_placeholder"] is False
+    assert "sglang.kernels.ops.kvcache.cache_move.copy_all_layer_kv_cache_cpu" not in res["hooks"]
+    assert all(res["hooks"][t] == 1 for t in OUR_TARGETS if "cache_move" not in t)
+
+
+NOTHING_INSTALLED = """
+import json
+import sglang.srt.utils as host_utils
+import sglang.kernels.ops.kvcache.cache_move as cm  # bound while the CPU engine is on
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang_spec_ext.sglang.cpu_fallbacks.install import install_cpu_fallbacks
+from sglang_spec_ext.sglang.runtime_hooks import install_runtime_hooks
+res = {"is_cpu": host_utils.is_cpu(), "configured_off": install_runtime_hooks()}
+real_is_cuda = host_utils.is_cuda
+host_utils.is_cuda = lambda: True
+res["on_cuda"] = install_cpu_fallbacks()
+host_utils.is_cuda, real_is_cpu = real_is_cuda, host_utils.is_cpu
+host_utils.is_cpu = lambda: False
+res["not_cpu"] = install_cpu_fallbacks()
+res["still_placeholder"] = "placeholder" in repr(cm.copy_all_layer_kv_cache_cpu)
+res["hooks"] = sorted(HookRegistry._hooks)
+print("RESULT " + json.dumps(res))
+"""
+
+
+def test_nothing_installed_when_disabled_on_gpu_or_off_the_cpu_engine():
+    res = _result(NOTHING_INSTALLED, env={"SGLANG_SPEC_EXT_CPU_FALLBACKS": "0"})
+    assert res["is_cpu"] is True  # the scenario really is the CPU engine
+    assert res["configured_off"] == [] and res["on_cuda"] == [] and res["not_cpu"] == []
+    assert res["still_placeholder"] is True
+    assert not set(OUR_TARGETS) & set(res["hooks"])
+
+
+@pytest.mark.parametrize("probe", ["is_cpu", "is_cuda"])
+def test_in_process_no_install_off_the_cpu_engine(monkeypatch, probe):
+    import sglang.srt.utils as host_utils
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_spec_ext.sglang.cpu_fallbacks.install import install_cpu_fallbacks
+
+    monkeypatch.setattr(host_utils, "is_cpu", lambda: probe == "is_cuda")
+    monkeypatch.setattr(host_utils, "is_cuda", lambda: probe == "is_cuda")
+    before = dict(HookRegistry._hooks)
+    assert install_cpu_fallbacks() == []
+    assert dict(HookRegistry._hooks) == before
