@@ -32,15 +32,13 @@ def smollm2_dir() -> Path:
     return ensure_smollm2_dir()
 
 
-@pytest.fixture
-def start_server(tmp_path: Path) -> Iterator[Callable[..., CPUServer]]:
-    """Factory: ``start_server(model_dir, *extra_args, env={...})``; always stopped."""
+def _server_factory(log_dir: Path) -> Iterator[Callable[..., CPUServer]]:
     servers: list[CPUServer] = []
 
     def _start(
         model_dir: Path, *extra_args: str, env: dict[str, str] | None = None, **kwargs
     ) -> CPUServer:
-        log = tmp_path / f"server-{len(servers)}.log"
+        log = log_dir / f"server-{len(servers)}.log"
         server = CPUServer(model_dir, extra_args, env=env, log_path=log, **kwargs)
         servers.append(server)
         return server.start()
@@ -50,3 +48,17 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., CPUServer]]:
         server.stop()
         if os.environ.get("SPEC_EXT_SHOW_SERVER_LOG"):
             print(server.log_tail(200))
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., CPUServer]]:
+    """Factory: ``start_server(model_dir, *extra_args, env={...})``; stopped after the test."""
+    yield from _server_factory(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def start_module_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., CPUServer]]:
+    """Like ``start_server`` but the servers live until the test module ends."""
+    yield from _server_factory(tmp_path_factory.mktemp("servers"))

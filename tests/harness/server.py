@@ -159,7 +159,8 @@ class CPUServer:
         else:
             payload["text"] = text
         r = requests.post(self.base_url + "/generate", json=payload, timeout=timeout)
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise requests.HTTPError(f"/generate answered {r.status_code}: {r.text[:2000]}", response=r)
         return r.json()
 
     def healthy(self) -> bool:

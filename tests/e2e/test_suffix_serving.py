@@ -1,0 +1,178 @@
+"""--speculative-algorithm SUFFIX served by the real SGLang server on CPU (tiny model).
+
+Greedy output must equal the non-speculative server's token for token; the
+accept length (from the host's own ``meta_info``) is printed and must exceed 2
+where the text repeats or an earlier answer is asked for again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.e2e.spec_metrics import accept_length
+
+WIDTH = 8
+NEW_TOKENS = 48
+SUFFIX_ARGS = ("--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", str(WIDTH))
+
+CODE = "def reverse(items):\n    result = []\n    for item in items:\n        result.insert(0, item)\n    return result\n"
+# (label, prompt, must accept > 2?). A random-weight model does not copy its prompt,
+# so prompt repetition alone is no reason for acceptance here (the SmolLM2 test
+# checks that on real text); what must be accepted is output that repeats itself
+# ("counting" makes this model loop) and answers the global tree has seen before.
+PROMPTS = [
+    ("code x3", CODE * 3, False),
+    ("sentence x4", "The quick brown fox jumps over the lazy dog. " * 4, False),
+    ("counting", ", ".join(str(i) for i in range(40)), True),
+    ("list x3", "for i in range(10):\n    print(i, add(i, i))\n" * 3, False),
+    ("short", "hello world", False),
+    ("prose", "A speculative decoder proposes several tokens and the target model", False),
+    ("class", "class Counter:\n    def __init__(self):\n        self.count = 0\n", False),
+    ("question", "Please write a short answer. Here is the summary of", False),
+    ("main", 'if __name__ == "__main__":\n    import sys\n', False),
+    ("suffix", "Suffix trees index the text seen so far; the longest", False),
+]
+
+
+def _chat(tok, turns: list[tuple[str, str]]) -> list[int]:
+    return tok.apply_chat_template(
+        [{"role": r, "content": c} for r, c in turns],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model_dir, start_module_server):
+    base = start_module_server(tiny_model_dir)
+    import os
+
+    env = {"SGLANG_SPEC_EXT_BACKEND": os.environ.get("SPEC_EXT_TEST_BACKEND", "auto")}
+    spec = start_module_server(tiny_model_dir, *SUFFIX_ARGS, env=env)
+    return base, spec
+
+
+def _greedy(server, ids, n=NEW_TOKENS, **kw):
+    return server.generate(input_ids=ids, max_new_tokens=n, temperature=0, ignore_eos=True, **kw)
+
+
+def test_greedy_parity_and_accept_length(servers, tok):
+    base, spec = servers
+    cases = [(label, tok(p)["input_ids"], rep) for label, p, rep in PROMPTS]
+    # Multi-turn: a later conversation carries an earlier answer and asks again.
+    first = _greedy(base, _chat(tok, [("user", CODE)]))["output_ids"]
+    answer = tok.decode(first)
+    cases.append(("turn 1", _chat(tok, [("user", CODE)]), False))
+    cases.append(
+        (
+            "turn 2 (repeat)",
+            _chat(tok, [("user", CODE), ("assistant", answer), ("user", CODE)]),
+            False,
+        )
+    )
+    # Earlier requests sent again: the global tree holds their answers.
+    for label, p, _ in PROMPTS[:3]:
+        cases.append((f"again: {label}", tok(p)["input_ids"], True))
+
+    rows = []
+    for label, ids, must_accept in cases:
+        want = _greedy(base, ids)
+        got = _greedy(spec, ids)
+        assert got["output_ids"] == want["output_ids"], f"{label}: SUFFIX output differs"
+        acc = accept_length(got["meta_info"])
+        rows.append((label, acc, got["meta_info"].get("spec_verify_ct")))
+        if must_accept:
+            assert acc > 2.0, f"{label}: accept length {acc:.2f} <= 2"
+    print("\nSUFFIX accept length per prompt (tiny model, width %d):" % WIDTH)
+    for label, acc, verify in rows:
+        print(f"  {label:<20} accept_len={acc:5.2f}  verify_steps={verify}")
+    assert len(rows) >= 12
+
+
+def test_sampling_requests_complete_with_valid_tokens(servers, tok):
+    _, spec = servers
+    vocab = len(tok)
+    for seed in range(3):
+        out = spec.generate(
+            input_ids=tok(CODE * 2)["input_ids"],
+            max_new_tokens=32,
+            temperature=0.8,
+            top_p=0.95,
+            ignore_eos=True,
+            sampling_seed=seed,
+        )
+        ids = out["output_ids"]
+        assert len(ids) == 32 and all(0 <= t < vocab for t in ids), ids
+
+
+def test_concurrent_requests_match_baseline(servers, tok):
+    base, spec = servers
+    prompts = [tok(p * 2)["input_ids"] for _, p, _ in PROMPTS] + [
+        tok(f"item {i}: " + CODE)["input_ids"] for i in range(8)
+    ]
+    assert len(prompts) >= 16
+    want = [_greedy(base, ids, 32)["output_ids"] for ids in prompts]
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda ids: _greedy(spec, ids, 32)["output_ids"], prompts))
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"concurrent request {i} differs"
+
+
+def test_abort_mid_generation_leaves_server_healthy(servers, tok):
+    base, spec = servers
+    ids = tok(CODE * 2)["input_ids"]
+    rid = "abort-me-" + str(time.time())
+    seen = []
+
+    def stream():
+        payload = {
+            "input_ids": ids,
+            "rid": rid,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 4000, "temperature": 0, "ignore_eos": True},
+        }
+        with requests.post(
+            spec.base_url + "/generate", json=payload, stream=True, timeout=120
+        ) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data:") and b"[DONE]" not in line:
+                    seen.append(json.loads(line[5:]))
+
+    t = threading.Thread(target=stream, daemon=True)
+    t.start()
+    deadline = time.time() + 60
+    while len(seen) < 3 and time.time() < deadline:
+        time.sleep(0.2)
+    assert seen, "stream produced nothing"
+    requests.post(spec.base_url + "/abort_request", json={"rid": rid}, timeout=30)
+    t.join(timeout=60)
+    assert not t.is_alive(), "aborted stream did not end"
+    last = seen[-1]["meta_info"]
+    assert last["finish_reason"]["type"] == "abort", last["finish_reason"]
+    assert last["completion_tokens"] < 4000
+    assert spec.healthy()
+    # The server keeps serving correctly after the abort.
+    want = _greedy(base, ids, 24)["output_ids"]
+    assert _greedy(spec, ids, 24)["output_ids"] == want
+
+
+def test_bad_config_value_stops_start_up(tiny_model_dir, start_server):
+    from tests.harness.server import ServerStartError
+
+    with pytest.raises(ServerStartError) as err:
+        start_server(tiny_model_dir, *SUFFIX_ARGS, env={"SGLANG_SPEC_EXT_MIN_TOKEN_PROB": "2"})
+    assert "SGLANG_SPEC_EXT_MIN_TOKEN_PROB='2' is invalid" in str(err.value)
