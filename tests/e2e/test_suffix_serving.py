@@ -97,7 +97,7 @@ def test_greedy_parity_and_accept_length(servers, tok):
         rows.append((label, acc, got["meta_info"].get("spec_verify_ct")))
         if must_accept:
             assert acc > 2.0, f"{label}: accept length {acc:.2f} <= 2"
-    print("\nSUFFIX accept length per prompt (tiny model, width %d):" % WIDTH)
+    print(f"\nSUFFIX accept length per prompt (tiny model, width {WIDTH}):")
     for label, acc, verify in rows:
         print(f"  {label:<20} accept_len={acc:5.2f}  verify_steps={verify}")
     assert len(rows) >= 12
@@ -128,7 +128,7 @@ def test_concurrent_requests_match_baseline(servers, tok):
     want = [_greedy(base, ids, 32)["output_ids"] for ids in prompts]
     with cf.ThreadPoolExecutor(len(prompts)) as pool:
         got = list(pool.map(lambda ids: _greedy(spec, ids, 32)["output_ids"], prompts))
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g == w, f"concurrent request {i} differs"
 
 

@@ -85,18 +85,31 @@ def test_chain_drafts_use_topk_one(model_dir, monkeypatch):
     "flags, message",
     [
         (["--pp-size", "2"], "--pp-size 2: SUFFIX does not support pipeline parallelism"),
-        (["--enable-dp-attention", "--dp-size", "2"], "--enable-dp-attention"),
         (["--enable-watermark"], "--enable-watermark"),
         (["--speculative-adaptive"], "SGLANG_SPEC_EXT_ADAPTIVE=1"),
         (["--speculative-num-draft-tokens", "1000"], r"must be in \[2, 128\]"),
         (["--speculative-num-draft-tokens", "1"], r"must be in \[2, 128\]"),
-        (["--speculative-draft-model-path", "/nonexistent"], "model-free"),
+        (["--speculative-draft-model-path", "{model_dir}"], "model-free"),
         (["--speculative-use-block-verification"], "block-verification"),
     ],
 )
 def test_incompatible_flags_are_rejected_with_the_flag_named(model_dir, flags, message):
+    flags = [f.format(model_dir=model_dir) for f in flags]
     with pytest.raises(Exception, match=message):
         resolve(model_dir, *flags)
+
+
+def test_dp_attention_is_rejected():
+    # Stand-in record: on a CPU device the host pipeline itself turns DP attention
+    # off before plugin validation runs, so the real pipeline cannot reach this
+    # check here; on GPU hosts it does.
+    from types import SimpleNamespace
+
+    from sglang_spec_ext.sglang.server_args import IncompatibleServerArgs, validate_server_args
+
+    args = SimpleNamespace(speculative_algorithm="SUFFIX", device="cuda", enable_dp_attention=True)
+    with pytest.raises(IncompatibleServerArgs, match="--enable-dp-attention: SUFFIX does not"):
+        validate_server_args(args)
 
 
 def test_bad_config_value_stops_resolution(model_dir, monkeypatch):
