@@ -15,10 +15,7 @@ from collections.abc import Sequence
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("sglang_spec_ext.doctor", "check host version, plugin registration and config"),
-    "demo": ("sglang_spec_ext.demo", "serve the bundled small model on CPU with and without SUFFIX"),
     "simulate": ("sglang_spec_ext.replay.cli", "replay token traces through a drafter offline"),
-    "bench": ("sglang_spec_ext.bench.cli", "benchmark baseline vs speculative servers"),
-    "tune": ("sglang_spec_ext.tune", "search draft settings and write a config file"),
 }
 
 
