@@ -1,0 +1,130 @@
+"""The SUFFIX worker's drafting and request bookkeeping on real host objects.
+
+Uses the host's real ``Req`` objects and its real ``NGRAMWorker`` class. The batch
+is a stand-in (a real ``ScheduleBatch`` needs allocated KV pools and a device);
+it provides exactly what ``_prepare_draft_tokens`` reads.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.speculative.ngram_worker import NGRAMWorker
+
+from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
+
+WIDTH = 6
+
+
+def _self_attrs(fn) -> set[str]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    return {
+        t.attr
+        for node in ast.walk(tree)
+        for t in getattr(node, "targets", [getattr(node, "target", None)])
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    }
+
+
+def test_worker_sets_every_attribute_the_host_ngram_init_sets():
+    host = _self_attrs(NGRAMWorker.__init__)
+    ours = _self_attrs(SuffixWorker.__init__) | _self_attrs(SuffixWorker._init_drafter)
+    assert len(host) > 10, "host NGRAMWorker.__init__ parsing found too little"
+    missing = sorted(host - ours)
+    assert not missing, f"host NGRAMWorker.__init__ sets attributes SuffixWorker lacks: {missing}"
+
+
+def test_worker_overrides_only_the_draft_source():
+    # The NGRAM methods we rely on must still exist in the host with these names.
+    for name in (
+        "_prepare_draft_tokens",
+        "_update_ngram_corpus",
+        "forward_batch_generation",
+        "_prepare_for_speculative_decoding",
+        "clear_cache_pool",
+    ):
+        assert callable(getattr(NGRAMWorker, name, None)), name
+    assert SuffixWorker.forward_batch_generation is NGRAMWorker.forward_batch_generation
+
+
+@pytest.fixture
+def worker(monkeypatch):
+    for k in list(__import__("os").environ):
+        if k.startswith("SGLANG_SPEC_EXT_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("SGLANG_SPEC_EXT_MAX_CACHED_REQUESTS", "5")
+    w = object.__new__(SuffixWorker)  # __init__ needs the host's runtime context
+    w.draft_token_num = WIDTH
+    w.enable_overlap = False
+    w._init_drafter()
+    return w
+
+
+def _req(rid: str, prompt: list[int]) -> Req:
+    return Req(rid, "", prompt, SamplingParams(max_new_tokens=64))
+
+
+def _batch(reqs, spec_info=None):
+    return SimpleNamespace(reqs=reqs, spec_info=spec_info, grammar_needs_sync=lambda: False)
+
+
+def test_drafts_follow_the_request_and_use_the_host_layout(worker):
+    pattern = [11, 12, 13, 14, 15]
+    a, b = _req("a", pattern * 3), _req("b", [7, 8, 9])
+    a.output_ids.extend([11, 12])
+    b.output_ids.extend([3])
+    tokens, mask = worker._prepare_draft_tokens(_batch([a, b]))
+    assert tokens.shape == (2 * WIDTH,) and mask.shape == (2 * WIDTH * WIDTH,)
+    tokens = tokens.reshape(2, WIDTH)
+    assert tokens[0, 0] == 12 and tokens[1, 0] == 3  # roots: last committed tokens
+    assert list(tokens[0, 1:4]) == [13, 14, 15]  # the repeated pattern is drafted
+    m = mask.reshape(2, WIDTH, WIDTH)
+    assert m[:, :, 0].all() and np.array_equal(
+        np.diagonal(m, axis1=1, axis2=2), np.ones((2, WIDTH), bool)
+    )
+    # Newly committed tokens reach the drafter at the next step.
+    a.output_ids.extend([13, 14, 15, 11])
+    tokens, _ = worker._prepare_draft_tokens(_batch([a, b]))
+    assert tokens[0] == 11 and list(tokens[1:4]) == [12, 13, 14]
+    assert worker.drafter_stats()["sessions"] == 2
+
+
+def test_overlap_mode_splices_previous_accepted_tokens(worker):
+    worker.enable_overlap = True
+    a = _req("a", [1, 2, 3, 4, 1, 2, 3, 4])
+    a.output_ids.extend([1])
+    prev = torch.zeros(WIDTH, dtype=torch.int64)
+    prev[:2] = torch.tensor([2, 3])
+    spec_info = SimpleNamespace(accept_tokens=prev, accept_lens=torch.tensor([2]))
+    tokens, _ = worker._prepare_draft_tokens(_batch([a], spec_info))
+    assert tokens[0] == 3 and tokens[1] == 4  # root is the spliced token; 4 follows 1,2,3
+    assert worker._sessions["a"].synced == 3
+
+
+def test_departed_requests_leave_nothing_behind_and_the_cache_stays_bounded(worker):
+    for i in range(40):
+        r = _req(f"r{i}", [i, i + 1, i + 2, i + 3] * 4)
+        r.output_ids.extend([i, i + 1])
+        worker._prepare_draft_tokens(_batch([r]))
+        r.output_ids.extend([i + 2, i + 3])  # committed in the request's last step
+        worker.ngram_corpus.erase_match_state([r.rid])  # what the host calls on departure
+        stats = worker.drafter_stats()
+        assert stats["sessions"] == 0 and stats["active_requests"] == 0
+        assert stats["cached_requests"] <= 5
+    assert worker.drafter_stats()["cached_requests"] == 5
+    worker.ngram_corpus.reset()
+    assert worker.drafter_stats()["cached_tokens"] == 0
+
+
+def test_external_corpus_calls_are_refused_clearly(worker):
+    with pytest.raises(NotImplementedError, match="NGRAM"):
+        worker.add_external_corpus("c", [[1, 2]])
+    assert worker.list_external_corpora() == {}
