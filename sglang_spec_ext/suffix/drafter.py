@@ -1,0 +1,143 @@
+"""SuffixDrafter: the public front end over the native core or the Python reference."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from .config import SuffixConfig
+from .draft import DraftTree
+from .reference import ReferenceEngine
+
+try:  # built by setup.py when a C++ compiler is available
+    from . import _native
+except ImportError:  # pragma: no cover - depends on the install
+    _native = None
+
+BACKENDS = ("auto", "native", "python")
+MAX_NODES = 1 << 20  # per draft; real verify widths are far smaller
+
+
+def native_available() -> bool:
+    """Whether the compiled suffix core (sglang_spec_ext.suffix._native) is importable."""
+    return _native is not None
+
+
+def _as_tokens(tokens: Sequence[int]) -> Sequence[int]:
+    # numpy arrays: one bulk conversion beats per-element access from C++.
+    tolist = getattr(tokens, "tolist", None)
+    return tolist() if tolist is not None else tokens
+
+
+class SuffixDrafter:
+    """Suffix-tree drafts for many concurrent requests.
+
+    Per request: ``start_request`` with the prompt, then per decoding step
+    ``speculate`` (draft below the last committed token) and ``extend_request``
+    with the tokens the target committed; ``finish_request`` or
+    ``abort_request`` at the end. A global tree over past and in-flight requests
+    (bounded by the config, oldest evicted first) and a per-request tree over
+    the request's own tokens both propose a draft; the higher score wins.
+    """
+
+    def __init__(self, config: SuffixConfig | None = None, backend: str = "auto") -> None:
+        self.config = config if config is not None else SuffixConfig()
+        if not isinstance(self.config, SuffixConfig):
+            raise TypeError(f"config must be a SuffixConfig, got {type(self.config).__name__}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is invalid: expected one of {BACKENDS}")
+        if backend == "native" and _native is None:
+            raise RuntimeError(
+                "backend='native' requested but sglang_spec_ext.suffix._native is not built; "
+                "reinstall with a C++17 compiler and pybind11 available "
+                "(pip install -e . --no-build-isolation), or use backend='python'"
+            )
+        self.backend: str = "native" if backend != "python" and _native is not None else "python"
+        self._engine = self._make_engine()
+        self._handles: dict[Hashable, int] = {}
+        self._next_handle = 0
+
+    def _make_engine(self):
+        c = self.config
+        if self.backend == "python":
+            return ReferenceEngine(c)
+        return _native.Engine(
+            c.max_depth,
+            c.max_spec_factor,
+            c.max_spec_offset,
+            c.min_token_prob,
+            c.max_cached_requests,
+            c.max_cached_tokens,
+            c.cache_prompts,
+            c.use_tree,
+        )
+
+    def _handle(self, req_id: Hashable) -> int:
+        try:
+            return self._handles[req_id]
+        except KeyError:
+            raise KeyError(
+                f"unknown request id {req_id!r}: not started, or already finished/aborted"
+            ) from None
+
+    @staticmethod
+    def _check_max_nodes(max_nodes: int) -> None:
+        if (
+            isinstance(max_nodes, bool)
+            or not isinstance(max_nodes, int)
+            or not 0 <= max_nodes <= MAX_NODES
+        ):
+            raise ValueError(
+                f"max_nodes={max_nodes!r} is invalid: expected an int in [0, {MAX_NODES}]"
+            )
+
+    def start_request(self, req_id: str, prompt: Sequence[int]) -> None:
+        """Register a request with its prompt tokens."""
+        if req_id in self._handles:
+            raise ValueError(f"request id {req_id!r} is already active")
+        handle = self._next_handle
+        self._engine.start(handle, _as_tokens(prompt))
+        self._next_handle += 1
+        self._handles[req_id] = handle
+
+    def extend_request(self, req_id: str, tokens: Sequence[int]) -> None:
+        """Append newly committed output tokens of a request."""
+        self._engine.extend(self._handle(req_id), _as_tokens(tokens))
+
+    def speculate(self, req_id: str, max_nodes: int) -> DraftTree:
+        """Draft at most `max_nodes` tokens below the request's last committed token."""
+        self._check_max_nodes(max_nodes)
+        return DraftTree(*self._engine.speculate(self._handle(req_id), max_nodes))
+
+    def speculate_batch(self, req_ids: Sequence[str], max_nodes: int) -> list[DraftTree]:
+        """`speculate` for several requests in one call."""
+        self._check_max_nodes(max_nodes)
+        handles = [self._handle(r) for r in req_ids]
+        return [DraftTree(*d) for d in self._engine.speculate_batch(handles, max_nodes)]
+
+    def finish_request(self, req_id: str) -> None:
+        """Drop the request's own state; its tokens stay in the global tree (bounded)."""
+        self._engine.finish(self._handle(req_id))
+        del self._handles[req_id]
+
+    def abort_request(self, req_id: str) -> None:
+        """Drop the request's own state and remove its tokens from the global tree."""
+        self._engine.abort(self._handle(req_id))
+        del self._handles[req_id]
+
+    def stats(self) -> dict:
+        """Sizes: active_requests, cached_requests, cached_tokens, global_nodes,
+        local_nodes, local_tokens, pinned_tokens, memory_bytes (native only), backend."""
+        out = dict(self._engine.stats())
+        out["backend"] = self.backend
+        return out
+
+    def reset(self) -> None:
+        """Forget every request and empty the global tree."""
+        self._engine.reset()
+        self._handles.clear()
+
+    def __contains__(self, req_id: object) -> bool:
+        return req_id in self._handles
+
+    def __repr__(self) -> str:
+        return f"SuffixDrafter(backend={self.backend!r}, config={self.config!r})"

@@ -1,0 +1,167 @@
+"""Draft trees in the host's verify layout (engine-agnostic, numpy only).
+
+A draft tree is given by its nodes' parents (``parents[i] < i``; -1 = child of
+the root, the request's last committed token), as in
+:class:`sglang_spec_ext.suffix.DraftTree`. The host's NGRAM verify layout for a
+verify width W (root included), per request:
+
+* ``tokens[W]``: index 0 is the root token, draft nodes follow in topological
+  order, padding nodes are token 0 attached to the root;
+* ``mask[W][W]`` (bool): ``mask[i][j]`` iff j is an ancestor of i or j == i.
+
+A batch concatenates requests: tokens int64 ``[bs * W]``, mask bool
+``[bs * W * W]``. In every function taking ``width``, index space 0..W-1 has the
+root at 0 and draft node i at i + 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+from typing import Protocol
+
+import numpy as np
+
+
+class _Tree(Protocol):
+    tokens: list[int]
+    parents: list[int]
+
+
+def _check_parents(parents: Sequence[int], width: int | None = None) -> list[int]:
+    out = [int(p) for p in parents]
+    for i, p in enumerate(out):
+        if not -1 <= p < i:
+            raise ValueError(f"parents[{i}]={p} is invalid: expected -1 <= parent < {i}")
+    if width is not None:
+        if width < 1:
+            raise ValueError(f"width={width} is invalid: expected >= 1 (the root)")
+        if len(out) > width - 1:
+            raise ValueError(
+                f"{len(out)} draft nodes do not fit width {width} (at most {width - 1})"
+            )
+    return out
+
+
+def _full_parents(parents: Sequence[int], width: int) -> np.ndarray:
+    """Parents in the width index space (root 0 has parent -1; padding hangs on the root)."""
+    par = np.zeros(width, dtype=np.int64)
+    par[0] = -1
+    n = len(parents)
+    if n:
+        par[1 : n + 1] = np.asarray(parents, dtype=np.int64) + 1
+    return par
+
+
+def depths(parents: Sequence[int]) -> np.ndarray:
+    """Depth of each draft node below the root (children of the root: 1)."""
+    par = _check_parents(parents)
+    out = np.empty(len(par), dtype=np.int64)
+    for i, p in enumerate(par):
+        out[i] = 1 if p < 0 else out[p] + 1
+    return out
+
+
+def tree_mask(parents: Sequence[int], width: int) -> np.ndarray:
+    """bool [W, W]: row i marks node i and its ancestors (root row = [1, 0, ...])."""
+    par = _full_parents(_check_parents(parents, width), width)
+    mask = np.zeros((width, width), dtype=bool)
+    mask[0, 0] = True
+    for i in range(1, width):  # topological order: the parent's row is complete
+        mask[i] = mask[par[i]]
+        mask[i, i] = True
+    return mask
+
+
+def retrieve_links(parents: Sequence[int], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """First-child and next-sibling indices (int64 [W], -1 for none), padding
+    included, siblings ordered by index."""
+    par = _full_parents(_check_parents(parents, width), width)
+    next_token = np.full(width, -1, dtype=np.int64)
+    next_sibling = np.full(width, -1, dtype=np.int64)
+    last_child = np.full(width, -1, dtype=np.int64)
+    for i in range(1, width):
+        p = par[i]
+        if last_child[p] < 0:
+            next_token[p] = i
+        else:
+            next_sibling[last_child[p]] = i
+        last_child[p] = i
+    return next_token, next_sibling
+
+
+def pack_batch(
+    trees: Sequence[_Tree], root_tokens: Sequence[int], width: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Verify input for a batch: tokens int64 [bs * W] and mask bool [bs * W * W].
+
+    Trees with fewer than W - 1 nodes are padded (token 0 under the root); more
+    than W - 1 nodes is an error. Vectorised over the batch (one pass over W).
+    """
+    bs = len(trees)
+    if len(root_tokens) != bs:
+        raise ValueError(f"{bs} trees but {len(root_tokens)} root tokens")
+    if width < 1:
+        raise ValueError(f"width={width} is invalid: expected >= 1 (the root)")
+    lens = np.fromiter((len(t.parents) for t in trees), dtype=np.int64, count=bs)
+    n_tok = np.fromiter((len(t.tokens) for t in trees), dtype=np.int64, count=bs)
+    if bs and (lens > width - 1).any():
+        b = int(np.argmax(lens > width - 1))
+        raise ValueError(
+            f"tree {b}: {lens[b]} draft nodes do not fit width {width} (at most {width - 1})"
+        )
+    if not np.array_equal(lens, n_tok):
+        b = int(np.argmax(lens != n_tok))
+        raise ValueError(f"tree {b}: {n_tok[b]} tokens but {lens[b]} parents")
+    total = int(lens.sum())
+    flat_par = np.fromiter(
+        chain.from_iterable(t.parents for t in trees), dtype=np.int64, count=total
+    )
+    flat_tok = np.fromiter(
+        chain.from_iterable(t.tokens for t in trees), dtype=np.int64, count=total
+    )
+    rows = np.repeat(np.arange(bs), lens)
+    cols = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)  # index within its tree
+    bad = (flat_par < -1) | (flat_par >= cols)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ValueError(
+            f"tree {rows[k]}: parents[{cols[k]}]={flat_par[k]} is invalid: "
+            f"expected -1 <= parent < {cols[k]}"
+        )
+    tokens = np.zeros((bs, width), dtype=np.int64)
+    tokens[:, 0] = np.asarray(root_tokens, dtype=np.int64).reshape(bs)
+    tokens[rows, cols + 1] = flat_tok
+    par = np.zeros((bs, width), dtype=np.int64)  # padding hangs on the root
+    par[rows, cols + 1] = flat_par + 1
+    mask = np.zeros((bs, width, width), dtype=bool)
+    mask[:, :, 0] = True  # every node sees the root
+    diag = np.arange(width)
+    mask[:, diag, diag] = True
+    batch = np.arange(bs)
+    longest = int(lens.max()) if bs else 0
+    for i in range(2, longest + 1):  # topological over nodes, vectorised over the batch
+        mask[:, i] |= mask[batch, par[:, i]]  # rows past `longest` are padding: done
+    return tokens.reshape(-1), mask.reshape(-1)
+
+
+def accepted_length(tree: _Tree, continuation: Sequence[int]) -> int:
+    """Draft tokens accepted by greedy verification against the true next tokens
+    (the target's bonus token not included)."""
+    parents = tree.parents
+    tokens = tree.tokens
+    node = -1
+    accepted = 0
+    start = 0
+    for true_token in continuation:
+        nxt = -1
+        for i in range(start, len(tokens)):  # children come after their parent
+            if parents[i] == node and tokens[i] == true_token:
+                nxt = i
+                break
+        if nxt < 0:
+            break
+        node = nxt
+        start = nxt + 1
+        accepted += 1
+    return accepted

@@ -1,0 +1,130 @@
+"""The native core returns exactly what the Python reference returns.
+
+Random programs of start / extend (random or copied tokens) / speculate /
+finish / abort / forced rebuild over small vocabularies and varied configs,
+run side by side on: the native engine, the reference, and the reference with
+its search shortcuts off (exhaustive over match lengths). After every step the
+native tree's structural invariants are checked.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter, native_available
+from sglang_spec_ext.suffix.reference import ReferenceEngine
+
+pytestmark = pytest.mark.skipif(not native_available(), reason="native backend not built")
+
+configs = st.builds(
+    SuffixConfig,
+    max_depth=st.integers(1, 10),
+    max_spec_factor=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+    max_spec_offset=st.sampled_from([-1.0, 0.0, 1.0, 2.5]),
+    min_token_prob=st.sampled_from([0.0, 0.1, 0.3, 0.6, 1.0]),
+    max_cached_requests=st.sampled_from([0, 1, 2, 3, 100, 100]),
+    max_cached_tokens=st.sampled_from([0, 8, 30, 1000, 1000]),
+    cache_prompts=st.booleans(),
+    use_tree=st.booleans(),
+)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("start"), st.integers(0, 20)),
+        st.tuples(st.just("extend"), st.integers(0, 5)),
+        st.tuples(st.just("copy"), st.integers(1, 10)),
+        st.tuples(st.just("copy"), st.integers(1, 10)),
+        st.tuples(st.just("spec"), st.integers(0, 9)),
+        st.tuples(st.just("spec"), st.integers(3, 9)),
+        st.tuples(st.just("finish"), st.just(0)),
+        st.tuples(st.just("abort"), st.just(0)),
+        st.tuples(st.just("compact"), st.just(0)),
+    ),
+    min_size=20,
+    max_size=150,
+)
+
+
+def same(a, b) -> bool:
+    return (
+        a.tokens == b.tokens
+        and a.parents == b.parents
+        and a.match_len == b.match_len
+        and len(a.probs) == len(b.probs)
+        and all(abs(x - y) <= 1e-9 for x, y in zip(a.probs, b.probs, strict=True))
+        and abs(a.score - b.score) <= 1e-9
+    )
+
+
+def run_program(cfg: SuffixConfig, vocab: int, program, seed: int) -> None:
+    rng = random.Random(seed)
+    native = SuffixDrafter(cfg, backend="native")
+    ref = SuffixDrafter(cfg, backend="python")
+    exhaustive = SuffixDrafter(cfg, backend="python")
+    exhaustive._engine = ReferenceEngine(cfg, exhaustive=True)
+    drafters = (native, ref, exhaustive)
+    history: dict[str, list[int]] = {}  # every request ever started
+    active: list[str] = []
+    for n_op, (op, arg) in enumerate(program):
+        rid = rng.choice(active) if active else None
+        if op == "start" or rid is None:
+            rid = f"r{n_op}"
+            prompt = [rng.randrange(vocab) for _ in range(arg)]
+            for d in drafters:
+                d.start_request(rid, prompt)
+            history[rid] = list(prompt)
+            active.append(rid)
+        elif op in ("extend", "copy"):
+            if op == "extend":
+                toks = [rng.randrange(vocab) for _ in range(arg + 1)]
+            else:  # repeat a stretch seen before: the case suffix decoding is for
+                src = history[rng.choice(list(history))]
+                start = rng.randrange(len(src) + 1)
+                toks = src[start : start + arg] or [rng.randrange(vocab)]
+            for d in drafters:
+                d.extend_request(rid, toks)
+            history[rid] += toks
+        elif op == "spec":
+            a, b, c = (d.speculate(rid, arg) for d in drafters)
+            assert same(a, b), (cfg, history[rid], a, b)
+            assert same(b, c), ("shortcut changed the result", cfg, b, c)
+        elif op in ("finish", "abort"):
+            for d in drafters:
+                getattr(d, f"{op}_request")(rid)
+            active.remove(rid)
+        elif op == "compact":
+            native._engine._compact()
+        assert native._engine._check() == ""
+        keys = ("active_requests", "cached_requests", "cached_tokens")
+        assert [native.stats()[k] for k in keys] == [ref.stats()[k] for k in keys]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs, vocab=st.sampled_from([2, 3, 5, 40]), program=ops, seed=st.integers(0, 2**16))
+def test_native_matches_reference(cfg, vocab, program, seed):
+    run_program(cfg, vocab, program, seed)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_native_matches_reference_on_long_streams(seed):
+    """Longer runs: hash-indexed nodes (many children), evictions, rebuilds."""
+    rng = random.Random(seed)
+    cfg = SuffixConfig(
+        max_depth=rng.choice([6, 16]),
+        max_cached_requests=rng.choice([4, 50]),
+        max_cached_tokens=rng.choice([300, 5000]),
+        max_spec_offset=rng.choice([0.0, 2.0]),
+        use_tree=seed % 2 == 0,
+    )
+    program = [
+        (
+            rng.choice(["extend", "copy", "copy", "spec", "spec", "start", "finish", "abort"]),
+            rng.randrange(1, 9),
+        )
+        for _ in range(600)
+    ]
+    program += [("compact", 0)]
+    run_program(cfg, 40, program, seed)
