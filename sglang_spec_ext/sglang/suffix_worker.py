@@ -137,12 +137,10 @@ class SuffixWorker(NGRAMWorker):
 
         rids, roots = [], []
         for i, req in enumerate(batch.reqs):
-            committed = list(req.output_ids)
-            if use_prev:
-                committed += prev_ids[i * width : i * width + prev_lens[i]]
-            self._sync(req, committed)
+            prev = prev_ids[i * width : i * width + prev_lens[i]] if use_prev else []
+            root = self._sync(req, prev)
             rids.append(req.rid)
-            roots.append(committed[-1] if committed else req.origin_input_ids_unpadded[-1])
+            roots.append(root)
 
         trees = self.drafter.speculate_batch(rids, width - 1)
         tokens, mask = pack_batch(trees, roots, width)
@@ -154,19 +152,31 @@ class SuffixWorker(NGRAMWorker):
         return None
 
     # -- session bookkeeping --------------------------------------------------
-    def _sync(self, req: Any, committed: list[int]) -> None:
+    def _sync(self, req: Any, prev: list[int]) -> int:
+        """Push what ``req`` committed since the last step; return its last token.
+
+        The committed sequence is ``req.output_ids + prev``; only its new tail is
+        read, so the cost per step does not grow with the output length.
+        """
+        out = req.output_ids
+        total = len(out) + len(prev)
         session = self._sessions.get(req.rid)
-        if session is not None and len(committed) < session.synced:
+        if session is not None and total < session.synced:
             # Output shrank (cannot happen in 0.5.23; be safe): start over.
             self._close(req.rid)
             session = None
         if session is None:
-            self.drafter.start_request(req.rid, list(req.origin_input_ids_unpadded))
+            self.drafter.start_request(req.rid, req.origin_input_ids_unpadded)
             session = self._sessions[req.rid] = _Session()
-        if len(committed) > session.synced:
-            self.drafter.extend_request(req.rid, committed[session.synced :])
-            session.synced = len(committed)
+        if total > session.synced:
+            start = session.synced
+            new = list(out[start:]) + prev if start < len(out) else prev[start - len(out) :]
+            self.drafter.extend_request(req.rid, new)
+            session.synced = total
         session.req = req
+        if prev:
+            return prev[-1]
+        return out[-1] if len(out) else req.origin_input_ids_unpadded[-1]
 
     def _close(self, rid: str) -> None:
         session = self._sessions.pop(rid, None)
@@ -175,7 +185,7 @@ class SuffixWorker(NGRAMWorker):
         req = session.req
         if req is not None and len(req.output_ids) > session.synced:
             # Tokens committed in the request's last step(s).
-            self.drafter.extend_request(rid, list(req.output_ids)[session.synced :])
+            self.drafter.extend_request(rid, list(req.output_ids[session.synced :]))
         self.drafter.finish_request(rid)
 
     def close_sessions(self, rids: list[str]) -> None:
