@@ -6,7 +6,8 @@ the root, the request's last committed token), as in
 verify width W (root included), per request:
 
 * ``tokens[W]``: index 0 is the root token, draft nodes follow in topological
-  order, padding nodes are token 0 attached to the root;
+  order, padding nodes are token 0 chained below the last node (see
+  :func:`pack_batch` for why they never have siblings);
 * ``mask[W][W]`` (bool): ``mask[i][j]`` iff j is an ancestor of i or j == i.
 
 A batch concatenates requests: tokens int64 ``[bs * W]``, mask bool
@@ -44,9 +45,9 @@ def _check_parents(parents: Sequence[int], width: int | None = None) -> list[int
 
 
 def _full_parents(parents: Sequence[int], width: int) -> np.ndarray:
-    """Parents in the width index space (root 0 has parent -1; padding hangs on the root)."""
-    par = np.zeros(width, dtype=np.int64)
-    par[0] = -1
+    """Parents in the width index space: root 0 has parent -1, padding node j has
+    parent j - 1 (a chain below the last node, which is a leaf)."""
+    par = np.arange(-1, width - 1, dtype=np.int64)
     n = len(parents)
     if n:
         par[1 : n + 1] = np.asarray(parents, dtype=np.int64) + 1
@@ -95,8 +96,12 @@ def pack_batch(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Verify input for a batch: tokens int64 [bs * W] and mask bool [bs * W * W].
 
-    Trees with fewer than W - 1 nodes are padded (token 0 under the root); more
-    than W - 1 nodes is an error. Vectorised over the batch (one pass over W).
+    Trees with fewer than W - 1 nodes are padded with a chain of token-0 nodes
+    hanging from the tree's last node (a leaf: children follow their parent), or
+    from the root when the tree is empty. So a padding node never has a sibling:
+    a sampling verifier that walks siblings with one coin (the host's kernel)
+    would otherwise accept a token repeated among siblings with inflated
+    probability. More than W - 1 nodes is an error. Vectorised over the batch.
     """
     bs = len(trees)
     if len(root_tokens) != bs:
@@ -132,16 +137,15 @@ def pack_batch(
     tokens = np.zeros((bs, width), dtype=np.int64)
     tokens[:, 0] = np.asarray(root_tokens, dtype=np.int64).reshape(bs)
     tokens[rows, cols + 1] = flat_tok
-    par = np.zeros((bs, width), dtype=np.int64)  # padding hangs on the root
+    par = np.arange(-1, width - 1, dtype=np.int64)[None, :].repeat(bs, 0)  # as _full_parents
     par[rows, cols + 1] = flat_par + 1
     mask = np.zeros((bs, width, width), dtype=bool)
     mask[:, :, 0] = True  # every node sees the root
     diag = np.arange(width)
     mask[:, diag, diag] = True
     batch = np.arange(bs)
-    longest = int(lens.max()) if bs else 0
-    for i in range(2, longest + 1):  # topological over nodes, vectorised over the batch
-        mask[:, i] |= mask[batch, par[:, i]]  # rows past `longest` are padding: done
+    for i in range(2, width):  # topological over nodes, vectorised over the batch
+        mask[:, i] |= mask[batch, par[:, i]]
     return tokens.reshape(-1), mask.reshape(-1)
 
 

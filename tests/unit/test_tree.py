@@ -31,7 +31,8 @@ def ancestors(parents: list[int], i: int) -> set[int]:
 
 
 def brute_mask(parents: list[int], width: int) -> np.ndarray:
-    full = list(parents) + [-1] * (width - 1 - len(parents))  # padding hangs on the root
+    n = len(parents)
+    full = list(parents) + list(range(n - 1, width - 2))  # padding: chain below the last node
     m = np.zeros((width, width), dtype=bool)
     m[0, 0] = True
     for i in range(width - 1):
@@ -41,7 +42,7 @@ def brute_mask(parents: list[int], width: int) -> np.ndarray:
 
 
 def brute_links(parents: list[int], width: int):
-    full = [None] + [p + 1 for p in parents] + [0] * (width - 1 - len(parents))
+    full = [None] + [p + 1 for p in parents] + list(range(len(parents), width - 1))
     kids = {i: [j for j in range(1, width) if full[j] == i] for i in range(width)}
     nxt = [kids[i][0] if kids[i] else -1 for i in range(width)]
     sib = [-1] * width
@@ -91,13 +92,16 @@ def test_star():
     assert nxt.tolist() == [1, -1, -1, -1] and sib.tolist() == [-1, 2, 3, -1]
 
 
-def test_padding_hangs_on_the_root():
-    m = tree_mask([-1, 0], 5)
-    assert m[3].tolist() == [True, False, False, True, False]
-    assert m[4].tolist() == [True, False, False, False, True]
-    nxt, sib = retrieve_links([-1, 0], 5)
-    assert nxt.tolist() == [1, 2, -1, -1, -1] and sib.tolist() == [-1, 3, -1, 4, -1]
-    tokens, mask = pack_batch([tree([9, 8], [-1, 0])], [7], 5)
+def test_padding_is_a_chain_below_the_last_node_without_siblings():
+    m = tree_mask([-1, -1], 5)  # two children of the root, then two padding nodes
+    assert m[3].tolist() == [True, False, True, True, False]
+    assert m[4].tolist() == [True, False, True, True, True]
+    nxt, sib = retrieve_links([-1, -1], 5)
+    assert nxt.tolist() == [1, -1, 3, 4, -1] and sib.tolist() == [-1, 2, -1, -1, -1]
+    # No padding node has a sibling: a one-coin sampling verifier walking siblings
+    # would accept a token repeated among siblings with inflated probability.
+    assert (sib[3:] == -1).all()
+    tokens, mask = pack_batch([tree([9, 8], [-1, -1])], [7], 5)
     assert tokens.tolist() == [7, 9, 8, 0, 0]
     assert mask.dtype == np.bool_ and mask.shape == (25,)
     assert np.array_equal(mask.reshape(5, 5), m)
