@@ -13,13 +13,21 @@ import pytest
 
 from sglang_spec_ext.sglang.cpu_fallbacks.install import (
     FALLBACKS,
+    SAMPLING_VERIFY,
+    SAMPLING_VERIFY_TARGET,
+    UNSET_FALLBACKS,
     VERIFY_ATTENTION,
     VERIFY_ATTENTION_TARGET,
 )
 from tests.harness.subproc import run_snippet
 
 ALL_OPS = [f.op for f in FALLBACKS]
-OUR_TARGETS = [t for f in FALLBACKS for t in f.targets] + [VERIFY_ATTENTION_TARGET]
+UNSET_OPS = [f.op for f in UNSET_FALLBACKS]
+UNSET_TARGETS = sorted(t for f in UNSET_FALLBACKS for t in f.targets)
+OUR_TARGETS = [t for f in FALLBACKS for t in f.targets] + [
+    VERIFY_ATTENTION_TARGET,
+    SAMPLING_VERIFY_TARGET,
+]
 
 EXERCISE_HOST = """
 import json, torch
@@ -56,6 +64,29 @@ st.verify_tree_greedy_func(predict, accept, count, torch.tensor([[0, 4, 5]]), id
                            torch.tensor([[5, 6, 7]]))
 res["verify"] = [predict.tolist(), accept.tolist(), count.tolist()]
 res["attention_wrapped"] = hasattr(TorchNativeAttnBackend.forward_extend, "__wrapped__")
+import sglang.kernels.ops.sampling.renorm as rn
+import sglang.kernels.ops.speculative.verify_sampling as vs
+import sglang.srt.speculative.eagle_utils as eu
+res["sampling_bound"] = [
+    getattr(m, name).__module__
+    for m, name in ((vs, "tree_speculative_sampling_target_only"), (rn, "top_k_renorm_prob"),
+                    (rn, "top_p_renorm_prob"), (eu, "tree_speculative_sampling_target_only"),
+                    (eu, "top_k_renorm_prob"), (eu, "top_p_renorm_prob"))
+]
+res["renorm"] = eu.top_k_renorm_prob(torch.tensor([[0.5, 0.2, 0.3]]), torch.tensor([2])).tolist()
+predict, accept = torch.zeros(3, dtype=torch.int32), torch.full((1, 3), -1, dtype=torch.int32)
+probs = torch.tensor([[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])
+eu.tree_speculative_sampling_target_only(
+    predict, accept, count, torch.tensor([[0, 2, 0]]), torch.tensor([[0, 1, 2]]),
+    torch.tensor([[1, 2, -1]]), torch.tensor([[-1, -1, -1]]), torch.full((1, 3), 0.5),
+    torch.tensor([0.5]), probs, torch.zeros_like(probs))
+res["sampling_verify"] = [predict.tolist(), accept.tolist(), count.tolist()]
+greedy = {}
+for flags in ("sampled", "all_greedy", "rejection_sampling"):
+    greedy[flags] = eu._verify_uses_greedy(
+        is_all_greedy=flags == "all_greedy", is_cpu=True, is_hip=False, is_xpu=False,
+        use_rejection_sampling=flags == "rejection_sampling")
+res["uses_greedy"] = greedy
 print("RESULT " + json.dumps(res))
 """
 
@@ -79,6 +110,14 @@ def test_load_plugins_installs_every_fallback_into_the_host_modules():
     # target at the root predicts 5: node 2 (token 5) is accepted, then the bonus 7
     assert res["verify"] == [[5, 0, 7], [[0, 2, -1]], [1]]
     assert res["attention_wrapped"] is True
+    ours = "sglang_spec_ext.sglang.cpu_fallbacks.sampling"
+    assert res["sampling_bound"] == [ours] * 6
+    assert res["renorm"] == [pytest.approx([0.5 / 0.8, 0.0, 0.3 / 0.8])]
+    # root -> node 1 (token 2, p = 1) -> node 2 (token 0, p = 1) -> bonus from row 2: 1
+    assert res["sampling_verify"] == [[2, 0, 1], [[0, 1, 2]], [2]]
+    # Sampled requests now take the sampling path; greedy batches and rejection
+    # sampling (a Triton kernel) stay greedy.
+    assert res["uses_greedy"] == {"sampled": False, "all_greedy": True, "rejection_sampling": True}
 
 
 SIMULATED_REAL_KERNELS = """
@@ -101,6 +140,12 @@ import sglang.kernels.ops.speculative.spec_tree as st
 stale = types.ModuleType("stale_binding")
 stale.verify = st.sgl_verify_tree_greedy_cpu  # a `from spec_tree import ...` copy
 sys.modules["stale_binding"] = stale
+# A host that does have a top-k renorm kernel binds it (here and in its importers).
+import sglang.kernels.ops.sampling.renorm as rn
+import sglang.srt.speculative.eagle_utils as eu
+def real_top_k(probs, top_k):
+    return probs
+rn.top_k_renorm_prob = eu.top_k_renorm_prob = real_top_k
 
 from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang_spec_ext.sglang.cpu_fallbacks.install import host_has_op, install_cpu_fallbacks
@@ -111,15 +156,20 @@ res["copy_kept"] = cm.copy_all_layer_kv_cache_cpu is real_copy
 res["stale_rebound"] = stale.verify is st.sgl_verify_tree_greedy_cpu
 res["stale_placeholder"] = "placeholder" in repr(stale.verify)
 res["hooks"] = {t: len(h) for t, h in HookRegistry._hooks.items()}
+res["top_k_kept"] = rn.top_k_renorm_prob is real_top_k and eu.top_k_renorm_prob is real_top_k
+res["top_p_bound"] = eu.top_p_renorm_prob.__module__
 print("RESULT " + json.dumps(res))
 """
 
 
 def test_real_kernels_are_kept_and_install_is_idempotent():
-    res = _result(f"OPS = {ALL_OPS!r}\n" + SIMULATED_REAL_KERNELS)
-    assert res["has"] == {op: op == "copy_all_layer_kv_cache_cpu" for op in ALL_OPS}
-    expected = [op for op in ALL_OPS if op != "copy_all_layer_kv_cache_cpu"] + [VERIFY_ATTENTION]
-    assert res["first"] == res["second"] == expected
+    res = _result(f"OPS = {ALL_OPS + UNSET_OPS!r}\n" + SIMULATED_REAL_KERNELS)
+    real = {"copy_all_layer_kv_cache_cpu", "top_k_renorm_prob"}
+    assert res["has"] == {op: op in real for op in ALL_OPS + UNSET_OPS}
+    expected = [op for op in ALL_OPS + [VERIFY_ATTENTION] + UNSET_OPS if op not in real]
+    assert res["first"] == res["second"] == expected + [SAMPLING_VERIFY]
+    assert res["top_k_kept"] is True
+    assert res["top_p_bound"] == "sglang_spec_ext.sglang.cpu_fallbacks.sampling"
     assert res["copy_kept"] is True
     assert res["stale_rebound"] is True and res["stale_placeholder"] is False
     assert "sglang.kernels.ops.kvcache.cache_move.copy_all_layer_kv_cache_cpu" not in res["hooks"]
@@ -142,6 +192,8 @@ host_utils.is_cpu = lambda: False
 res["not_cpu"] = install_cpu_fallbacks()
 res["still_placeholder"] = "placeholder" in repr(cm.copy_all_layer_kv_cache_cpu)
 res["hooks"] = sorted(HookRegistry._hooks)
+import sglang.srt.speculative.eagle_utils as eu
+res["sampling_unset"] = [eu.tree_speculative_sampling_target_only, eu.top_k_renorm_prob] == [None] * 2
 print("RESULT " + json.dumps(res))
 """
 
@@ -150,8 +202,31 @@ def test_nothing_installed_when_disabled_on_gpu_or_off_the_cpu_engine():
     res = _result(NOTHING_INSTALLED, env={"SGLANG_SPEC_EXT_CPU_FALLBACKS": "0"})
     assert res["is_cpu"] is True  # the scenario really is the CPU engine
     assert res["configured_off"] == [] and res["on_cuda"] == [] and res["not_cpu"] == []
-    assert res["still_placeholder"] is True
+    assert res["still_placeholder"] is True and res["sampling_unset"] is True
     assert not set(OUR_TARGETS) & set(res["hooks"])
+
+
+NONE_GUARD = """
+import json, sys
+import sglang.srt.speculative.eagle_utils, sglang.srt.speculative.ngram_worker
+import sglang.srt.layers.sampler, sglang.srt.managers.scheduler
+def unset():
+    return {f"{name}.{attr}" for name, mod in list(sys.modules.items())
+            if mod is not None and name.startswith("sglang.")
+            for attr, value in list(getattr(mod, "__dict__", {}).items()) if value is None}
+before = unset()
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang_spec_ext.sglang.cpu_fallbacks.install import install_cpu_fallbacks
+install_cpu_fallbacks()
+print("RESULT " + json.dumps(sorted(before - unset())))
+"""
+
+
+def test_only_the_named_none_bindings_are_set():
+    # HookRegistry rebinds every module attribute that `is` a patched original; a
+    # None original would hit thousands. Exactly our named targets may change.
+    assert _result(NONE_GUARD) == UNSET_TARGETS
 
 
 @pytest.mark.parametrize("probe", ["is_cpu", "is_cuda"])

@@ -6,6 +6,14 @@ sgl-kernel CPU build is missing, those calls fail; we replace the bindings throu
 the host's own ``HookRegistry`` (``HookType.REPLACE``), which also rebinds stale
 ``from X import Y`` copies. Nothing happens unless the host runs its CPU engine, and
 a fallback is never installed for an op the host really has (:func:`host_has_op`).
+
+Sampling verify is different: there the host binds ``None`` where it has no kernel
+(``tree_speculative_sampling_target_only``, ``top_k_renorm_prob``,
+``top_p_renorm_prob``) and its verify goes greedy on CPU. ``HookRegistry`` must never
+patch a ``None`` (it rebinds every module attribute that *is* the original), so
+:func:`bind_unset_fallback` sets those named attributes directly, and an AROUND hook
+on ``_verify_uses_greedy`` (:func:`verify_uses_greedy_hook`) lets sampled requests
+take the sampling path once all three are bound.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from typing import Any
 
 import torch
 
-from sglang_spec_ext.sglang.cpu_fallbacks import ops
+from sglang_spec_ext.sglang.cpu_fallbacks import ops, sampling
 from sglang_spec_ext.sglang.cpu_fallbacks.verify_attention import forward_extend_hook
 
 logger = logging.getLogger("sglang_spec_ext")
@@ -93,6 +101,46 @@ FALLBACKS: tuple[Fallback, ...] = (
 
 _BY_OP: dict[str, Fallback] = {f.op: f for f in FALLBACKS}
 
+
+@dataclass(frozen=True)
+class UnsetFallback:
+    """A host op bound to ``None`` where the host has no kernel for it: the defining
+    module's attribute first, then the modules that copied it with ``from X import``."""
+
+    op: str
+    targets: tuple[str, ...]
+    impl: Callable[..., Any]
+
+
+_EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+
+UNSET_FALLBACKS: tuple[UnsetFallback, ...] = (
+    UnsetFallback(
+        "tree_speculative_sampling_target_only",
+        (
+            f"{_OPS}.speculative.verify_sampling.tree_speculative_sampling_target_only",
+            f"{_EAGLE_UTILS}.tree_speculative_sampling_target_only",
+        ),
+        sampling.tree_speculative_sampling_target_only,
+    ),
+    UnsetFallback(
+        "top_k_renorm_prob",
+        (f"{_OPS}.sampling.renorm.top_k_renorm_prob", f"{_EAGLE_UTILS}.top_k_renorm_prob"),
+        sampling.top_k_renorm_prob,
+    ),
+    UnsetFallback(
+        "top_p_renorm_prob",
+        (f"{_OPS}.sampling.renorm.top_p_renorm_prob", f"{_EAGLE_UTILS}.top_p_renorm_prob"),
+        sampling.top_p_renorm_prob,
+    ),
+)
+
+_UNSET_BY_OP: dict[str, UnsetFallback] = {f.op: f for f in UNSET_FALLBACKS}
+
+#: On CPU, sampled requests are verified by tree speculative sampling, not greedily.
+SAMPLING_VERIFY = "cpu_sampling_verify"
+SAMPLING_VERIFY_TARGET = f"{_EAGLE_UTILS}._verify_uses_greedy"
+
 #: The host's torch_native attention backend has no TARGET_VERIFY path (0.5.23).
 VERIFY_ATTENTION = "torch_native_target_verify"
 VERIFY_ATTENTION_TARGET = (
@@ -162,13 +210,28 @@ def _resolve(target: str) -> tuple[Any, str]:
     return pkgutil.resolve_name(owner), attr
 
 
+def _host_binding(fallback: UnsetFallback) -> Any:
+    """The host's own binding of ``fallback.op`` (its defining module), or None."""
+    try:
+        owner, attr = _resolve(fallback.targets[0])
+    except (ImportError, AttributeError):
+        return None
+    return getattr(owner, attr, None)
+
+
 def host_has_op(name: str) -> bool:
     """Whether the host has a real implementation of kernel ``name``.
 
     A real sgl-kernel build registers its ops in the ``torch.ops.sgl_kernel``
     namespace, so the op must resolve there (with a kernel usable on CPU), and the
-    host's own binding of it must not be a test-harness placeholder.
+    host's own binding of it must not be a test-harness placeholder. For the ops
+    the host binds to ``None`` when it lacks them (:data:`UNSET_FALLBACKS`), the
+    host has the op iff that binding is set, to something other than ours.
     """
+    unset = _UNSET_BY_OP.get(name)
+    if unset is not None:
+        bound = _host_binding(unset)
+        return bound is not None and bound is not unset.impl
     if not _torch_op_is_callable_on_cpu(name):
         return False
     fallback = _BY_OP.get(name)
@@ -208,13 +271,66 @@ def _register(registry: Any, hook_type: Any, target: str, impl: Callable[..., An
     return True
 
 
+def bind_unset_fallback(fallback: UnsetFallback) -> bool | None:
+    """Set every target of ``fallback`` that the host left ``None`` to our version.
+
+    Returns True if one was newly set, False if all are ours already, None if the
+    host binds none of them (nothing to do). A target holding anything else (a real
+    kernel) is left alone. Direct assignment, because ``HookRegistry`` would rebind
+    every module attribute that is ``None``.
+    """
+    ours = new = False
+    for target in fallback.targets:
+        try:
+            owner, attr = _resolve(target)
+        except (ImportError, AttributeError) as e:
+            logger.warning("sglang-spec-ext: cannot bind %s: %s", target, e)
+            continue
+        if not hasattr(owner, attr):
+            logger.debug("%s is not bound by the host; nothing to set", target)
+            continue
+        current = getattr(owner, attr)
+        if current is None:
+            setattr(owner, attr, fallback.impl)
+            ours = new = True
+        elif current is fallback.impl:
+            ours = True
+    return new if ours else None
+
+
+def cpu_sampling_verify_ready() -> bool:
+    """Whether the host's EAGLE/NGRAM verify can call every sampling op it needs."""
+    module = sys.modules.get(_EAGLE_UTILS)
+    return module is not None and all(
+        getattr(module, f.op, None) is not None for f in UNSET_FALLBACKS
+    )
+
+
+def verify_uses_greedy_hook(original: Callable[..., bool], *args: Any, **kwargs: Any) -> bool:
+    """AROUND ``eagle_utils._verify_uses_greedy``: on CPU, verify sampled requests by
+    tree speculative sampling once its ops are bound (:func:`cpu_sampling_verify_ready`).
+
+    Greedy batches stay greedy; rejection sampling (``--speculative-use-rejection-sampling``)
+    uses a Triton kernel the CPU cannot run, so it keeps the host's greedy fallback.
+    """
+    if (
+        kwargs.get("is_cpu")
+        and not kwargs.get("use_rejection_sampling")
+        and cpu_sampling_verify_ready()
+    ):
+        kwargs["is_cpu"] = False
+    return original(*args, **kwargs)
+
+
 def install_cpu_fallbacks() -> list[str]:
     """Replace the host's missing CPU kernels by :mod:`.ops`; return what is covered.
 
     Does nothing (returns ``[]``) unless the host runs its CPU engine. Skips every op
     :func:`host_has_op` finds, and ops whose host module cannot be imported or does not
     bind the kernel. Also adds target-verify support to the ``torch_native`` attention
-    backend (:data:`VERIFY_ATTENTION`). Idempotent: a second call registers nothing new
+    backend (:data:`VERIFY_ATTENTION`), binds the sampling-verify ops the host leaves
+    ``None`` (:data:`UNSET_FALLBACKS`) and, once all are bound, lets sampled requests
+    use them (:data:`SAMPLING_VERIFY`). Idempotent: a second call registers nothing new
     and returns the same list.
     """
     if not host_runs_cpu_engine():
@@ -241,6 +357,21 @@ def install_cpu_fallbacks() -> list[str]:
     if done_attention is not None:
         installed.append(VERIFY_ATTENTION)
     new = new or bool(done_attention)
+    for unset in UNSET_FALLBACKS:
+        if host_has_op(unset.op):
+            present.append(unset.op)
+            continue
+        bound = bind_unset_fallback(unset)
+        if bound is not None:
+            installed.append(unset.op)
+        new = new or bool(bound)
+    if cpu_sampling_verify_ready():
+        done_sampling = _register(
+            HookRegistry, HookType.AROUND, SAMPLING_VERIFY_TARGET, verify_uses_greedy_hook
+        )
+        if done_sampling is not None:
+            installed.append(SAMPLING_VERIFY)
+        new = new or bool(done_sampling)
     HookRegistry.apply_hooks()
     if present:
         logger.info("host has real CPU kernels, kept: %s", ", ".join(present))

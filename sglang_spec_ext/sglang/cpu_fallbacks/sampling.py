@@ -44,21 +44,24 @@ def _per_row(value: torch.Tensor | float | int, rows: int, like: torch.Tensor) -
     return t.reshape(-1, 1).expand(rows, 1) if t.numel() == 1 else t.reshape(rows, 1)
 
 
-def _renorm_sorted(probs: torch.Tensor, keep_sorted: torch.Tensor, order: torch.Tensor):
+def _renorm_sorted(
+    probs: torch.Tensor, keep_sorted: torch.Tensor, order: torch.Tensor
+) -> torch.Tensor:
     kept = torch.zeros_like(probs).scatter_(-1, order, keep_sorted)
     return kept / kept.sum(-1, keepdim=True)
 
 
 def top_k_renorm_prob(probs: torch.Tensor, top_k: torch.Tensor | int) -> torch.Tensor:
-    """Keep the ``top_k`` largest probabilities of each row (ties by index), zero the
-    rest and renormalise. ``top_k`` is an int or one value per row; values ``<= 0``
-    or ``>= vocab`` keep the whole row (the host passes ``TOP_K_ALL`` for "off")."""
+    """Keep the ``top_k`` largest probabilities of each row, zero the rest and
+    renormalise. ``top_k`` is an int or one value per row; values ``<= 0`` or
+    ``>= vocab`` keep the whole row (the host passes ``TOP_K_ALL`` for "off")."""
     rows, vocab = probs.shape
     k = _per_row(top_k, rows, probs).to(torch.int64)
     k = torch.where((k <= 0) | (k > vocab), vocab, k)
-    sorted_probs, order = probs.sort(-1, descending=True, stable=True)
-    rank = torch.arange(vocab, device=probs.device)
-    return _renorm_sorted(probs, torch.where(rank < k, sorted_probs, 0.0), order)
+    widest = int(k.max()) if rows else 0
+    top, order = probs.topk(widest, dim=-1, sorted=True)  # only the kept ranks
+    rank = torch.arange(widest, device=probs.device)
+    return _renorm_sorted(probs, torch.where(rank < k, top, 0.0), order)
 
 
 def top_p_renorm_prob(probs: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
@@ -67,14 +70,12 @@ def top_p_renorm_prob(probs: torch.Tensor, top_p: torch.Tensor | float) -> torch
     renormalise. ``top_p`` is a float or one value per row."""
     rows, _ = probs.shape
     p = _per_row(top_p, rows, probs).to(probs.dtype)
-    sorted_probs, order = probs.sort(-1, descending=True, stable=True)
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
     before = sorted_probs.cumsum(-1) - sorted_probs
     return _renorm_sorted(probs, torch.where(before > p, 0.0, sorted_probs), order)
 
 
-def _sample_residual(
-    target: torch.Tensor, draft: torch.Tensor, coin: torch.Tensor
-) -> torch.Tensor:
+def _sample_residual(target: torch.Tensor, draft: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:
     """Per row: the first index whose inclusive cumulative ``relu(target - draft)``
     exceeds ``coin * total``; where rounding leaves none, the last index with mass,
     and ``vocab - 1`` for a row without any (the kernel's fall-backs)."""
