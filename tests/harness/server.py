@@ -47,7 +47,9 @@ class ServerStartError(RuntimeError):
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """Linux: the server gets SIGTERM when the process that started it dies, so a
-    killed test run or demo never leaves a model server running."""
+    killed test run or demo never leaves a model server running. Caveat: the signal
+    fires when the starting *thread* exits, so start servers from a thread that
+    outlives them (the main thread, or a pool kept open until they are stopped)."""
     import ctypes
 
     try:
