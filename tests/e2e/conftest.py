@@ -62,3 +62,17 @@ def start_module_server(
 ) -> Iterator[Callable[..., CPUServer]]:
     """Like ``start_server`` but the servers live until the test module ends."""
     yield from _server_factory(tmp_path_factory.mktemp("servers"))
+
+
+@pytest.fixture(scope="session")
+def _session_servers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., CPUServer]]:
+    yield from _server_factory(tmp_path_factory.mktemp("session-servers"))
+
+
+@pytest.fixture(scope="session")
+def tiny_baseline_server(tiny_model_dir: Path, _session_servers) -> CPUServer:
+    """One non-speculative server for the tiny model, shared by every e2e module
+    (it has no state a test could disturb: no speculation, greedy requests)."""
+    return _session_servers(tiny_model_dir)

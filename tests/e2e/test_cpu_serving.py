@@ -27,11 +27,11 @@ def _hf_greedy(model_dir, prompt_ids: list[int], n: int) -> list[int]:
     return out
 
 
-def test_server_greedy_matches_transformers(tiny_model_dir, start_server):
+def test_server_greedy_matches_transformers(tiny_model_dir, tiny_baseline_server):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    server = start_server(tiny_model_dir)
+    server = tiny_baseline_server
     for prompt in PROMPTS:
         ids = tok(prompt)["input_ids"]
         got = server.generate(

@@ -57,8 +57,8 @@ def tok(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_model_dir, start_module_server):
-    base = start_module_server(tiny_model_dir)
+def servers(tiny_model_dir, tiny_baseline_server, start_module_server):
+    base = tiny_baseline_server
     import os
 
     env = {"SGLANG_SPEC_EXT_BACKEND": os.environ.get("SPEC_EXT_TEST_BACKEND", "auto")}
