@@ -1,0 +1,160 @@
+"""Drafters selectable by name for replay: ``suffix`` (ours), ``prompt-lookup``,
+``ngram`` (the host's NGRAM corpus) and ``arctic`` (ArcticInference's suffix cache).
+
+Optional drafters are imported only when chosen; a missing one raises
+``DrafterUnavailable`` with what to install.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_spec_ext.replay.protocol import Drafter
+
+DRAFTER_NAMES = ("suffix", "prompt-lookup", "ngram", "arctic")
+
+
+class DrafterUnavailable(RuntimeError):
+    """The named drafter cannot be built here (missing optional package)."""
+
+
+@dataclass
+class DrafterOptions:
+    """Settings shared by the drafters; each drafter reads the ones it has.
+
+    ``width`` is the host verify width including the root; the host NGRAM corpus
+    fixes its draft size to it.
+    """
+
+    width: int = 16
+    # suffix / arctic
+    max_depth: int = 64  # SuffixConfig and SuffixDecodingCache default
+    spec_factor: float = 1.0
+    spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+    max_cached_requests: int = -1
+    use_tree: bool = True
+    suffix_backend: str = "auto"  # suffix only: "auto", "native" or "python"
+    # prompt-lookup
+    max_ngram: int = 3
+    min_ngram: int = 1
+    # host NGRAM (defaults of sglang 0.5.23's server args)
+    ngram_max_trie_depth: int = 18
+    ngram_min_bfs_breadth: int = 1
+    ngram_max_bfs_breadth: int = 10
+    ngram_match_type: str = "BFS"
+    ngram_capacity: int = 10_000_000
+    # anything else, passed to the suffix config by field name
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def suffix_config_kwargs(opts: DrafterOptions) -> dict[str, Any]:
+    """``SuffixConfig`` keyword arguments for these options.
+
+    ``max_cached_requests < 0`` (unbounded, as in ArcticInference) keeps the
+    SuffixConfig default bound; ``extra`` entries are passed through by field name.
+    """
+    kwargs: dict[str, Any] = {
+        "max_depth": opts.max_depth,
+        "max_spec_factor": opts.spec_factor,
+        "max_spec_offset": opts.spec_offset,
+        "min_token_prob": opts.min_token_prob,
+        "use_tree": opts.use_tree,
+    }
+    if opts.max_cached_requests >= 0:
+        kwargs["max_cached_requests"] = opts.max_cached_requests
+    kwargs.update(opts.extra)
+    return kwargs
+
+
+def _make_suffix(opts: DrafterOptions) -> Drafter:
+    try:
+        from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter
+    except ImportError as exc:
+        raise DrafterUnavailable(f"the suffix drafter is not available: {exc}") from exc
+    try:
+        config = SuffixConfig(**suffix_config_kwargs(opts))
+    except TypeError as exc:  # an unknown field in `extra`
+        raise ValueError(f"bad suffix setting: {exc}") from exc
+    try:
+        return SuffixDrafter(config, backend=opts.suffix_backend)
+    except RuntimeError as exc:  # backend="native" without the compiled core
+        raise DrafterUnavailable(str(exc)) from exc
+
+
+def _make_prompt_lookup(opts: DrafterOptions) -> Drafter:
+    from sglang_spec_ext.replay.prompt_lookup import PromptLookupDrafter
+
+    return PromptLookupDrafter(max_ngram=opts.max_ngram, min_ngram=opts.min_ngram)
+
+
+def _make_ngram(opts: DrafterOptions) -> Drafter:
+    try:
+        from sglang_spec_ext.sglang.replay_ngram import HostNgramDrafter
+    except ImportError as exc:
+        raise DrafterUnavailable(
+            f"the ngram drafter needs the host (sglang==0.5.23) NGRAM corpus: {exc}"
+        ) from exc
+    return HostNgramDrafter(
+        width=opts.width,
+        max_trie_depth=opts.ngram_max_trie_depth,
+        min_bfs_breadth=opts.ngram_min_bfs_breadth,
+        max_bfs_breadth=opts.ngram_max_bfs_breadth,
+        match_type=opts.ngram_match_type,
+        capacity=opts.ngram_capacity,
+    )
+
+
+def _make_arctic(opts: DrafterOptions) -> Drafter:
+    from sglang_spec_ext.replay.arctic import ArcticDrafter
+
+    try:
+        return ArcticDrafter(
+            max_depth=opts.max_depth,
+            spec_factor=opts.spec_factor,
+            spec_offset=opts.spec_offset,
+            min_token_prob=opts.min_token_prob,
+            max_cached_requests=opts.max_cached_requests,
+            use_tree=opts.use_tree,
+        )
+    except ImportError as exc:
+        raise DrafterUnavailable(str(exc)) from exc
+
+
+_FACTORIES: dict[str, Callable[[DrafterOptions], Drafter]] = {
+    "suffix": _make_suffix,
+    "prompt-lookup": _make_prompt_lookup,
+    "ngram": _make_ngram,
+    "arctic": _make_arctic,
+}
+
+
+def make_drafter(name: str, opts: DrafterOptions | None = None) -> Drafter:
+    """A fresh drafter by name (``DRAFTER_NAMES``)."""
+    if name not in _FACTORIES:
+        raise ValueError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTER_NAMES)}")
+    return _FACTORIES[name](opts or DrafterOptions())
+
+
+def drafter_factory(name: str, opts: DrafterOptions | None = None) -> Callable[[], Drafter]:
+    """A zero-argument factory (fresh state per call) for ``replay`` and ``acceptance_table``."""
+    opts = opts or DrafterOptions()
+    return lambda: make_drafter(name, opts)
+
+
+def available_drafters(opts: DrafterOptions | None = None) -> dict[str, str | None]:
+    """name -> None if it can be built here, else the reason it cannot."""
+    out: dict[str, str | None] = {}
+    for name in DRAFTER_NAMES:
+        try:
+            make_drafter(name, opts)
+            out[name] = None
+        except DrafterUnavailable as exc:
+            out[name] = str(exc)
+    return out
