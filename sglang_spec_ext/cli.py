@@ -16,6 +16,8 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("sglang_spec_ext.doctor", "check host version, plugin registration and config"),
     "simulate": ("sglang_spec_ext.replay.cli", "replay token traces through a drafter offline"),
+    "bench": ("sglang_spec_ext.bench.cli", "compare baseline and speculative serving"),
+    "tune": ("sglang_spec_ext.tune", "search draft settings on traces or a launched server"),
 }
 
 

@@ -1,0 +1,170 @@
+"""Launch ``python -m sglang.launch_server`` on a free loopback port, and stop it.
+
+The server runs in its own process group (a terminal's Ctrl-C does not reach it; the
+benchmark stops it, group and all, whatever happens), logs to a file, and is ready
+when ``/health`` answers 200.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import requests
+
+
+class ServerError(RuntimeError):
+    """A launched server exited or did not become healthy in time."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    """``KEY=VAL`` strings to a dict (``ValueError`` on a malformed one)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        out[key.strip()] = value
+    return out
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: SIGTERM the server when the thread that launched it dies (even by
+    SIGKILL), so a killed benchmark never leaves a model server running."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``KeyboardInterrupt`` (as Ctrl-C does), so a
+    killed run still stops the servers it launched and saves its results."""
+
+    def _raise(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class LaunchedServer:
+    """One server subprocess: ``start()`` waits for health, ``stop()`` always cleans up."""
+
+    def __init__(
+        self,
+        model_path: str,
+        args: str | Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+        pythonpath: Sequence[str] = (),
+        log_path: Path | str | None = None,
+        name: str = "server",
+    ) -> None:
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        extra = shlex.split(args) if isinstance(args, str) else list(args)
+        self.cmd = [
+            sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+            "--host", "127.0.0.1", "--port", str(self.port), *extra,
+        ]  # fmt: skip
+        self.env = dict(os.environ)
+        self.env.update(env or {})
+        paths = [str(Path(p).resolve()) for p in pythonpath]
+        if paths:
+            old = self.env.get("PYTHONPATH", "")
+            self.env["PYTHONPATH"] = os.pathsep.join([*paths, *([old] if old else [])])
+        self.log_path = Path(log_path or f"/tmp/sglang-spec-ext-bench-{name}-{self.port}.log")
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    def start(self, timeout_s: float = 600.0) -> LaunchedServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        # PR_SET_PDEATHSIG follows the launching *thread*: arm it only from the main one
+        main = threading.current_thread() is threading.main_thread()
+        self.proc = subprocess.Popen(
+            self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_die_with_parent if (main and sys.platform == "linux") else None,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise ServerError(
+                        f"{self.name} server exited with code {self.proc.returncode} "
+                        f"(log {self.log_path}):\n{self.log_tail()}"
+                    )
+                try:
+                    if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                        return self
+                except requests.RequestException:
+                    pass
+                time.sleep(1.0)
+            raise ServerError(
+                f"{self.name} server not healthy after {timeout_s:.0f}s "
+                f"(log {self.log_path}):\n{self.log_tail()}"
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is not None:
+            for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+                if proc.poll() is not None:
+                    break
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=wait)
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            try:  # children (scheduler, detokenizer) share the group
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> LaunchedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
