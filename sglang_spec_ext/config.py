@@ -24,6 +24,9 @@ from typing import Any
 
 ENV_PREFIX = "SGLANG_SPEC_EXT_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
+#: Controller options: SGLANG_SPEC_EXT_ADAPTIVE_<FIELD> / JSON key adaptive_<field>,
+#: one per field of sglang_spec_ext.adaptive.AdaptiveConfig, validated by it.
+ADAPTIVE_PREFIX = "adaptive_"
 
 
 class ConfigError(ValueError):
@@ -170,7 +173,9 @@ def _read_json(path_str: str) -> dict[str, Any]:
         raise ConfigError(
             f"{where}: the top level must be a JSON object, got {type(data).__name__}"
         )
-    unknown = sorted(set(data) - set(_FIELD_BY_NAME))
+    unknown = sorted(
+        set(data) - set(_FIELD_BY_NAME) - {ADAPTIVE_PREFIX + n for n in _adaptive_fields()}
+    )
     if unknown:
         raise ConfigError(
             f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
@@ -196,13 +201,15 @@ class PluginConfig:
     adaptive: bool = False
     # Where each value came from: field name -> "default" | "file" | "env".
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+    # Adaptive-controller options that differ from AdaptiveConfig's defaults.
+    adaptive_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in FIELDS}
 
 
 def _check_fields_match() -> None:
-    declared = {f.name for f in dataclasses.fields(PluginConfig)} - {"sources"}
+    declared = {f.name for f in dataclasses.fields(PluginConfig)} - {"sources", "adaptive_options"}
     if declared != set(_FIELD_BY_NAME):  # pragma: no cover - a programming error
         raise AssertionError(f"FIELDS and PluginConfig disagree: {declared ^ set(_FIELD_BY_NAME)}")
     for f in FIELDS:
@@ -217,18 +224,20 @@ _check_fields_match()
 def load_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
     """Read and validate the configuration from ``environ`` (default ``os.environ``)."""
     env = os.environ if environ is None else environ
+    known = set(_FIELD_BY_NAME) | {ADAPTIVE_PREFIX + n for n in _adaptive_fields()}
     unknown_env = sorted(
         k
         for k in env
         if k.startswith(ENV_PREFIX)
         and k != CONFIG_FILE_ENV
-        and k[len(ENV_PREFIX) :].lower() not in _FIELD_BY_NAME
+        and k[len(ENV_PREFIX) :].lower() not in known
     )
     if unknown_env:
         raise ConfigError(
             f"unknown variable(s) {', '.join(unknown_env)}; accepted: "
             + ", ".join(f.env for f in FIELDS)
-            + f", {CONFIG_FILE_ENV}"
+            + f", {CONFIG_FILE_ENV}, and {ENV_PREFIX}ADAPTIVE_<FIELD> for the adaptive "
+            "controller's fields (README: Adaptive draft width)"
         )
     file_values: dict[str, Any] = {}
     if env.get(CONFIG_FILE_ENV):
@@ -253,7 +262,73 @@ def load_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
             f"{_FIELD_BY_NAME['max_cached_requests'].env}={values['max_cached_requests']}: "
             "the global tree cannot hold requests without tokens; set both to 0 to disable it"
         )
-    return PluginConfig(**values, sources=sources)
+    options = _adaptive_options(env, file_values)
+    return PluginConfig(**values, sources=sources, adaptive_options=options)
+
+
+def _adaptive_fields() -> dict[str, Any]:
+    """AdaptiveConfig field name -> default (imported lazily: numpy)."""
+    from sglang_spec_ext.adaptive.config import AdaptiveConfig
+
+    return {f.name: f.default for f in dataclasses.fields(AdaptiveConfig)}
+
+
+def _parse_adaptive(name: str, default: Any, raw: Any, source: str) -> Any:
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"{source}={raw!r} is invalid: expected {expected}")
+
+    if not isinstance(raw, str):  # from JSON: typed already, AdaptiveConfig checks it
+        return tuple(raw) if isinstance(default, tuple) and isinstance(raw, list) else raw
+    text = raw.strip()
+    if isinstance(default, bool):
+        if text.lower() not in _TRUE | _FALSE:
+            raise bad("a boolean (1/0, true/false, yes/no, on/off)")
+        return text.lower() in _TRUE
+    try:
+        if isinstance(default, tuple):
+            return tuple(int(x) for x in text.split(",") if x.strip())
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, str):
+            return text
+        return float(text)  # floats, and cost overrides whose default is None
+    except ValueError:
+        kind = "comma-separated integers" if isinstance(default, tuple) else "a number"
+        raise bad(kind) from None
+
+
+def _adaptive_options(env: Mapping[str, str], file_values: Mapping[str, Any]) -> dict[str, Any]:
+    fields = _adaptive_fields()
+    options: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    for name, default in fields.items():
+        env_name = f"{ENV_PREFIX}{ADAPTIVE_PREFIX.upper()}{name.upper()}"
+        key = ADAPTIVE_PREFIX + name
+        if env_name in env:
+            options[name] = _parse_adaptive(name, default, env[env_name], env_name)
+            names[name] = env_name
+        elif key in file_values:
+            where = f"{env.get(CONFIG_FILE_ENV)}: key {key!r}"
+            options[name] = _parse_adaptive(name, default, file_values[key], where)
+            names[name] = where
+    if options:
+        from sglang_spec_ext.adaptive.config import AdaptiveConfig
+
+        try:
+            AdaptiveConfig(**options)
+        except ValueError as e:
+            given = ", ".join(f"{names[n]}={options[n]!r}" for n in options)
+            raise ConfigError(f"adaptive controller options ({given}): {e}") from None
+    return options
+
+
+def adaptive_config(config: PluginConfig, max_k: int) -> Any:
+    """The controller's ``AdaptiveConfig``, its largest budget capped at ``max_k``."""
+    from sglang_spec_ext.adaptive.config import AdaptiveConfig
+
+    options = dict(config.adaptive_options)
+    options["max_k"] = min(max_k, options.get("max_k", max_k))
+    return AdaptiveConfig(**options)
 
 
 def field_table() -> list[tuple[str, str, str, str]]:

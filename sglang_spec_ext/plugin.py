@@ -51,6 +51,12 @@ def register() -> list[str]:
 
 
 def _worker_factory(server_args: object) -> type:
+    from sglang_spec_ext.sglang.server_args import plugin_config
+
+    if plugin_config().adaptive:
+        from sglang_spec_ext.sglang.adaptive_worker import AdaptiveSuffixWorker
+
+        return AdaptiveSuffixWorker
     from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
 
     return SuffixWorker

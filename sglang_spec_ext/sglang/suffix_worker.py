@@ -128,6 +128,9 @@ class SuffixWorker(NGRAMWorker):
         # tokens that are not yet in req.output_ids.
         use_prev = self.enable_overlap and not batch.grammar_needs_sync()
         if use_prev:
+            # The relayed step declares its own row stride (the adaptive worker
+            # relays at the startup width whatever width it verified).
+            stride = getattr(batch.spec_info, "draft_token_num", None) or width
             prev_ids = batch.spec_info.accept_tokens
             prev_lens = batch.spec_info.accept_lens
             if not prev_ids.is_cpu:
@@ -137,7 +140,7 @@ class SuffixWorker(NGRAMWorker):
 
         rids, roots = [], []
         for i, req in enumerate(batch.reqs):
-            prev = prev_ids[i * width : i * width + prev_lens[i]] if use_prev else []
+            prev = prev_ids[i * stride : i * stride + prev_lens[i]] if use_prev else []
             root = self._sync(req, prev)
             rids.append(req.rid)
             roots.append(root)

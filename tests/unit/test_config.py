@@ -100,3 +100,58 @@ def test_every_field_is_documented_in_readme():
     missing = [f.env for f in FIELDS if f.env not in readme]
     assert not missing, f"README.md does not document {missing}"
     assert len(field_table()) == len(FIELDS)
+
+
+def test_adaptive_options_are_parsed_and_validated_by_the_controller_config():
+    from sglang_spec_ext.config import adaptive_config
+
+    cfg = load_config(
+        {
+            "SGLANG_SPEC_EXT_ADAPTIVE": "1",
+            "SGLANG_SPEC_EXT_ADAPTIVE_CANDIDATE_KS": "0,1,3,7,15",
+            "SGLANG_SPEC_EXT_ADAPTIVE_SWITCH_PATIENCE": "4",
+            "SGLANG_SPEC_EXT_ADAPTIVE_CALIBRATE": "off",
+        }
+    )
+    assert cfg.adaptive and cfg.adaptive_options["candidate_ks"] == (0, 1, 3, 7, 15)
+    ac = adaptive_config(cfg, max_k=7)
+    assert ac.max_k == 7 and ac.switch_patience == 4 and ac.calibrate is False
+
+
+@pytest.mark.parametrize(
+    "env, fragment",
+    [
+        ({"SGLANG_SPEC_EXT_ADAPTIVE_DECAY": "2"}, "SGLANG_SPEC_EXT_ADAPTIVE_DECAY=2.0"),
+        ({"SGLANG_SPEC_EXT_ADAPTIVE_CANDIDATE_KS": "a,b"}, "comma-separated integers"),
+        ({"SGLANG_SPEC_EXT_ADAPTIVE_CALIBRATE": "perhaps"}, "a boolean"),
+        (
+            {"SGLANG_SPEC_EXT_ADAPTIVE_NOPE": "1"},
+            "unknown variable(s) SGLANG_SPEC_EXT_ADAPTIVE_NOPE",
+        ),
+    ],
+)
+def test_bad_adaptive_options_name_the_variable(env, fragment):
+    with pytest.raises(ConfigError) as err:
+        load_config(env)
+    assert fragment in str(err.value)
+
+
+def test_adaptive_options_in_json(tmp_path):
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"adaptive": True, "adaptive_tiers": [1, 8, 64]}))
+    cfg = load_config({"SGLANG_SPEC_EXT_CONFIG": str(f)})
+    assert cfg.adaptive_options == {"tiers": (1, 8, 64)}
+
+
+def test_adaptive_variables_named_in_readme_exist():
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from sglang_spec_ext.adaptive.config import AdaptiveConfig
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    names = {f.name for f in dataclasses.fields(AdaptiveConfig)}
+    cited = set(re.findall(r"SGLANG_SPEC_EXT_ADAPTIVE_([A-Z][A-Z_]*[A-Z])", readme)) - {"FIELD"}
+    assert cited, "README cites no adaptive option"
+    assert {c.lower() for c in cited} <= names, {c.lower() for c in cited} - names

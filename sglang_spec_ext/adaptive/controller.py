@@ -1,0 +1,217 @@
+"""``AdaptiveController``: chooses the draft budget ``k`` per step to maximise goodput.
+
+    goodput(bs, k) = sum over the batch of E_r(k) / t(bs, k)
+
+``E_r(k)``: expected accept length (bonus included) of request ``r`` with ``k`` draft
+nodes -- the budget shape of :mod:`.acceptance` times the request's level (or one
+server-wide level without request ids), with the neighbours of the current ``k``
+corrected by paired probe differences (:mod:`.paired`). ``t(bs, k)``: predicted step
+time (:mod:`.cost`, analytic prior calibrated on measured step times). Per batch-size
+tier choice, hysteresis and probing: :mod:`.policy`. ``k = 0`` is plain decoding
+(``E = 1``). Engine agnostic: a host bridge calls :meth:`AdaptiveController.choose_k`
+before drafting and :meth:`AdaptiveController.on_verify` after each verify, and may
+export :meth:`AdaptiveController.snapshot` to logs or metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+
+import numpy as np
+
+from .acceptance import AcceptanceEstimator, LevelTracker
+from .config import AdaptiveConfig
+from .cost import StepCostModel
+from .paired import PairedProbes
+from .policy import TierPolicy
+
+__all__ = ["AdaptiveConfig", "AdaptiveController"]
+
+
+class AdaptiveController:
+    def __init__(self, config: AdaptiveConfig | None = None) -> None:
+        self.config = cfg = config or AdaptiveConfig()
+        self.ks = np.array(cfg.ks, dtype=np.int64)
+        self.acceptance = AcceptanceEstimator(
+            [k for k in cfg.ks if k > 0] or [1],
+            prior_mean=cfg.prior_accept,
+            prior_strength=cfg.prior_strength,
+            decay=cfg.decay,
+            structure_sd=cfg.structure_sd,
+        )
+        self.requests = LevelTracker(
+            self.acceptance,
+            strength=cfg.request_strength,
+            decay=cfg.request_decay,
+            max_keys=cfg.max_tracked_requests,
+        )
+        self.server_level = LevelTracker(
+            self.acceptance, strength=cfg.level_strength, decay=cfg.level_decay, max_keys=1
+        )
+        self.cost = StepCostModel(
+            cfg.cost_params(),
+            calibrate=cfg.calibrate,
+            window=cfg.cost_window,
+            decay=cfg.cost_decay,
+            refit_every=cfg.cost_refit_every,
+            prior_weight=cfg.cost_prior_weight,
+        )
+        self.policy = TierPolicy(
+            cfg.ks,
+            cfg.tiers,
+            margin=cfg.switch_margin,
+            patience=cfg.switch_patience,
+            confirm=cfg.switch_confirm,
+            tie=cfg.tie_tolerance,
+            probe_interval=cfg.probe_interval,
+            probe_interval_thin=cfg.probe_interval_thin,
+            probe_max_loss=cfg.probe_max_loss,
+        )
+        self.paired = PairedProbes(decay=cfg.decay)
+        # decayed count of measured step times per (tier, candidate)
+        self._timed = np.zeros((len(self.policy.tiers), len(self.ks)))
+        self.steps = 0
+        self._last: dict[str, object] = {}
+
+    def _per_request(self, req_ids: Sequence[Hashable] | None) -> bool:
+        return req_ids is not None and self.config.per_request and len(req_ids) > 0
+
+    def expected_accept(
+        self, batch_size: int, req_ids: Sequence[Hashable] | None = None
+    ) -> np.ndarray:
+        """Expected committed tokens per step for the whole batch, per candidate k."""
+        if self._per_request(req_ids):
+            assert req_ids is not None
+            per_req = self.requests.expected_accept_lengths(req_ids, self.ks).mean(axis=0)
+        else:
+            per_req = self.server_level.expected_accept_lengths([_SERVER], self.ks)[0]
+        return self._blend_paired(batch_size, per_req) * batch_size
+
+    def _blend_paired(self, batch_size: int, e: np.ndarray) -> np.ndarray:
+        """Blend paired probe differences to the current k into the estimates."""
+        cur = self.policy.current_k(batch_size)
+        if not cur:
+            return e
+        j_cur = int(np.searchsorted(self.ks, cur))
+        out = e.copy()
+        for j, k in enumerate(self.ks.tolist()):
+            if k == 0 or j == j_cur:
+                continue
+            d, n = self.paired.difference(cur, k)
+            if n > 0:
+                w = n / (n + self.config.paired_strength)
+                out[j] = (1.0 - w) * e[j] + w * min(max(e[j_cur] + d, 1.0), k + 1.0)
+        return np.maximum.accumulate(out)  # nested drafts: never fewer with a larger k
+
+    def predicted_goodput(
+        self, batch_size: int, req_ids: Sequence[Hashable] | None = None
+    ) -> np.ndarray:
+        """Predicted committed tokens per second for each candidate k."""
+        _check_bs(batch_size)
+        return self.expected_accept(batch_size, req_ids) / self.cost.predict(batch_size, self.ks)
+
+    def choose_k(self, batch_size: int, req_ids: Sequence[Hashable] | None = None) -> int:
+        """The number of draft nodes per request to use for the next step."""
+        goodput = self.predicted_goodput(batch_size, req_ids)
+        k = self.policy.decide(batch_size, goodput, self.thin(batch_size))
+        self._last = {
+            "batch_size": batch_size,
+            "k": k,
+            "goodput": dict(zip(self.ks.tolist(), goodput.round(1).tolist(), strict=True)),
+        }
+        return k
+
+    def thin(self, batch_size: int) -> np.ndarray:
+        """Per candidate: too few acceptance observations or measured step times."""
+        ev = self.acceptance.evidence()
+        acc_ev = np.array(
+            [np.inf if k == 0 else ev[self.acceptance.bucket_index(k)] for k in self.ks.tolist()]
+        )
+        timed = self._timed[self.policy.tier_index(batch_size)]
+        cfg = self.config
+        return (acc_ev < cfg.probe_min_evidence) | (cfg.calibrate & (timed < cfg.probe_min_timed))
+
+    def on_verify(
+        self,
+        batch_size: int,
+        k: int,
+        accepted_per_req: Sequence[int],
+        step_time_s: float | None = None,
+        req_ids: Sequence[Hashable] | None = None,
+        accepted_within: Mapping[int, Sequence[int]] | None = None,
+    ) -> None:
+        """Feed one verify result: accepted drafts per request (bonus excluded).
+
+        ``step_time_s``: measured wall time of the whole step (drafting included).
+        ``req_ids``: per-request ids (same order) for per-request estimates.
+        ``accepted_within``: optional counterfactual counts for smaller budgets of a
+        nested tree (see :func:`.acceptance.accepted_within_budgets`).
+        """
+        _check_bs(batch_size)
+        if not (isinstance(k, (int, np.integer)) and k >= 0):
+            raise ValueError(f"k={k!r}: expected an integer >= 0")
+        self.steps += 1
+        acc = np.asarray(accepted_per_req, dtype=np.int64)
+        if k > 0 and acc.size:
+            if self._per_request(req_ids):
+                assert req_ids is not None
+                if len(req_ids) != len(acc):
+                    raise ValueError(
+                        f"req_ids has {len(req_ids)} entries, accepted_per_req {len(acc)}"
+                    )
+                levels = self.requests.levels(req_ids)
+                self.requests.observe(int(k), req_ids, acc.tolist())
+            else:
+                levels = np.full(acc.size, self.server_level.levels([_SERVER])[0])
+            self.server_level.observe(int(k), [_SERVER], [float(acc.mean())])
+            self.paired.observe(int(k), batch_size, float(acc.mean()))
+            self.acceptance.observe(int(k), acc, accepted_within, levels)
+        else:
+            self.acceptance.observe(0, acc)  # time passes: decay only
+            self.paired.observe(0, batch_size, 0.0)
+        if step_time_s is not None:
+            self.cost.observe(batch_size, int(k), float(step_time_s))
+            row = self._timed[self.policy.tier_index(batch_size)]
+            row *= self.config.cost_decay
+            j = int(np.searchsorted(self.ks, k))
+            if j < len(self.ks) and self.ks[j] == k:
+                row[j] += 1.0
+
+    def forget_requests(self, req_ids: Sequence[Hashable]) -> None:
+        """Drop per-request state of finished requests."""
+        self.requests.forget(req_ids)
+
+    def snapshot(self) -> dict[str, object]:
+        """A JSON-serialisable view for logs and metrics."""
+        return {
+            "steps": self.steps,
+            "tiers": self.policy.snapshot(),
+            "expected_accept_length": dict(
+                zip(
+                    self.ks.tolist(),
+                    self.acceptance.expected_accept_lengths(self.ks).round(3).tolist(),
+                    strict=True,
+                )
+            ),
+            "tail_ratio": round(self.acceptance.tail_ratio(), 4),
+            "acceptance_evidence": dict(
+                zip(
+                    self.acceptance.buckets.tolist(),
+                    self.acceptance.evidence().round(1).tolist(),
+                    strict=True,
+                )
+            ),
+            "tracked_requests": len(self.requests),
+            "server_level": round(float(self.server_level.levels([_SERVER])[0]), 4),
+            "paired_differences": self.paired.snapshot(),
+            "cost": self.cost.snapshot(),
+            "last_decision": self._last,
+        }
+
+
+_SERVER = "__server__"
+
+
+def _check_bs(batch_size: int) -> None:
+    if not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
+        raise ValueError(f"batch_size={batch_size!r}: expected an integer >= 1")

@@ -1,0 +1,308 @@
+"""Step-cost model ``t(bs, k)``: seconds for one speculative decode step.
+
+``bs`` requests each verify ``k`` draft tokens plus the root, so the target forward
+processes ``n = bs * (k + 1)`` tokens (``k = 0`` is plain decoding).
+
+Analytic prior (a roofline; no calibration run needed)
+------------------------------------------------------
+Decode is memory-bound: every step streams the weights once and each request's KV
+cache once, whatever the number of query tokens; only beyond a roofline knee does
+the matrix-multiply work on ``n`` tokens dominate::
+
+    t(bs, k) = fixed + [k > 0] * (spec_fixed + bs * draft_per_req)
+               + max(weights + bs * kv_per_req + n * act_per_token,   # memory time
+                     n * flop_per_token)                               # compute time
+
+with the seven coefficients (seconds) derived from physical constants
+(:class:`StepCostParams`)::
+
+    fixed          = fixed_s                         launch, sampling, scheduler
+    spec_fixed     = spec_fixed_s                    tree mask, verify, bookkeeping
+    draft_per_req  = draft_s_per_req                 host-side drafting per request
+    weights        = weight_bytes / mem_bw
+    kv_per_req     = context_len * kv_bytes_per_token / mem_bw
+    act_per_token  = act_bytes_per_token / mem_bw
+    flop_per_token = (flops_per_token + attn_flops_per_ctx_token * context_len) / flops
+
+The default constants describe Llama-3-8B in bf16 on one H100 SXM (80 GB HBM3):
+16.06 GB of weights, 3.35 TB/s peak bandwidth at 80 % efficiency (2.68e12 B/s),
+989 TFLOP/s dense bf16 at ~60 % (6e14 FLOP/s), 2 x 8.03e9 FLOP per token for the
+matmuls, GQA KV of 32 layers x 8 heads x 128 dims x 2 (K, V) x 2 bytes = 128 KiB
+per token, a mean context of 2048 tokens, attention 4 x 32 layers x 4096 FLOP per
+query token per context token, ~1 MB of activation traffic per token, 1 ms fixed
+overhead per step, 0.3 ms extra per speculative step and 10 us of drafting per
+request. That gives ~7.1 ms per plain step at bs=1 (~140 tok/s), a knee near
+200 tokens at bs=1 and KV reads that dominate at large batch sizes.
+
+Online calibration
+------------------
+:class:`StepCostModel` keeps a bounded window of measured ``(bs, k, seconds)`` samples
+and refits multipliers ``x_j`` on the seven prior coefficients by least squares on
+relative residuals, re-assigning the active roofline branch of each sample from the
+current fit a few times. Outliers (GC pauses, preemptions) get Huber weights from their
+deviation to the median of their own ``(bs, k)`` cell (scale: the median absolute
+deviation), so a rarely probed width whose time differs from the fit counts fully;
+samples lose weight exponentially with age; a ridge term pulls every ``x_j`` towards 1
+(the prior) with ``prior_weight`` pseudo-samples, so directions the data cannot
+identify (e.g. the split of a constant between "fixed" and "weights" when only one
+batch size is seen) scale with the prior. Because the max hides a too-steep compute
+slope next to memory-bound samples, the compute multiplier is also capped so that no
+well-sampled cell's median time is exceeded by its predicted compute time. Each refit also computes, per observed
+``(bs, k)`` cell, the recency-weighted mean of ``log(measured / fitted)`` (outliers
+clipped) shrunk towards 0 by ``cell_strength`` pseudo-samples, i.e. blended with the
+fit by observation count, to absorb what the functional form misses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+
+import numpy as np
+
+COEFF_NAMES: tuple[str, ...] = (
+    "fixed",
+    "spec_fixed",
+    "draft_per_req",
+    "weights",
+    "kv_per_req",
+    "act_per_token",
+    "flop_per_token",
+)
+
+
+@dataclass(frozen=True)
+class StepCostParams:
+    """Physical constants of the analytic step-cost prior (SI units)."""
+
+    weight_bytes: float = 16.06e9
+    mem_bw: float = 2.68e12
+    flops: float = 6.0e14
+    flops_per_token: float = 1.606e10
+    kv_bytes_per_token: float = 131072.0
+    context_len: float = 2048.0
+    act_bytes_per_token: float = 1.0e6
+    attn_flops_per_ctx_token: float = 524288.0
+    fixed_s: float = 1.0e-3
+    spec_fixed_s: float = 0.3e-3
+    draft_s_per_req: float = 10e-6
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            positive = f.name in ("mem_bw", "flops")
+            ok = isinstance(value, (int, float)) and math.isfinite(value)
+            ok = ok and (value > 0 if positive else value >= 0)
+            if not ok:
+                rng = "(0, inf)" if positive else "[0, inf)"
+                raise ValueError(f"StepCostParams.{f.name}={value!r}: expected a number in {rng}")
+
+    def coefficients(self) -> np.ndarray:
+        """The seven model coefficients in seconds, ordered as ``COEFF_NAMES``."""
+        return np.array(
+            [
+                self.fixed_s,
+                self.spec_fixed_s,
+                self.draft_s_per_req,
+                self.weight_bytes / self.mem_bw,
+                self.context_len * self.kv_bytes_per_token / self.mem_bw,
+                self.act_bytes_per_token / self.mem_bw,
+                (self.flops_per_token + self.attn_flops_per_ctx_token * self.context_len)
+                / self.flops,
+            ],
+            dtype=np.float64,
+        )
+
+    def with_overrides(self, **overrides: float | None) -> StepCostParams:
+        """A copy with the non-``None`` overrides applied."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+PRESETS: dict[str, StepCostParams] = {
+    # Llama-3-8B bf16, one H100 SXM (the default; see the module docstring).
+    "llama3-8b-h100": StepCostParams(),
+    # Llama-3-70B bf16, tensor parallel over 4 H100 SXM (per-GPU shares; TP all-reduce
+    # folded into the fixed overhead).
+    "llama3-70b-tp4-h100": StepCostParams(
+        weight_bytes=141.1e9 / 4,
+        flops=6.0e14,
+        flops_per_token=1.411e11 / 4,
+        kv_bytes_per_token=327680.0 / 4,
+        attn_flops_per_ctx_token=4 * 80 * 8192 / 4,
+        act_bytes_per_token=2.0e6,
+        fixed_s=2.0e-3,
+    ),
+}
+
+
+def features(bs: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample terms multiplying each coefficient: one ``(m, 7)`` matrix for the
+    memory branch and one for the compute branch; ``t = max`` of their products with
+    the coefficient vector."""
+    bs = np.asarray(bs, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    spec = (k > 0).astype(np.float64)
+    n = bs * (k + 1.0)
+    zero = np.zeros_like(bs)
+    one = np.ones_like(bs)
+    common = np.stack([one, spec, spec * bs, zero, zero, zero, zero], axis=-1)
+    mem = np.stack([zero, zero, zero, one, bs, n, zero], axis=-1)
+    comp = np.stack([zero, zero, zero, zero, zero, zero, n], axis=-1)
+    return common + mem, common + comp
+
+
+def analytic_step_time(coeffs: np.ndarray, bs: np.ndarray | int, k: np.ndarray | int) -> np.ndarray:
+    """``t(bs, k)`` of the roofline formula for the given coefficient vector."""
+    bs_arr, k_arr = np.broadcast_arrays(np.atleast_1d(bs), np.atleast_1d(k))
+    f_mem, f_comp = features(bs_arr, k_arr)
+    return np.maximum(f_mem @ coeffs, f_comp @ coeffs)
+
+
+class StepCostModel:
+    """Analytic prior plus robust online calibration (see the module docstring)."""
+
+    def __init__(
+        self,
+        prior: StepCostParams | None = None,
+        *,
+        calibrate: bool = True,
+        window: int = 2048,
+        decay: float = 0.999,
+        refit_every: int = 16,
+        prior_weight: float = 1.0,
+        huber: float = 2.5,
+        cell_strength: float = 16.0,
+    ) -> None:
+        self.prior = prior or StepCostParams()
+        self.prior_coeffs = self.prior.coefficients()
+        self.multipliers = np.ones(len(COEFF_NAMES))
+        self.calibrate = calibrate
+        self.decay = decay
+        self.refit_every = max(1, refit_every)
+        self.prior_weight = prior_weight
+        self.huber = huber
+        self.cell_strength = cell_strength
+        self._bs = np.zeros(window)
+        self._k = np.zeros(window)
+        self._t = np.zeros(window)
+        self._stamp = np.zeros(window)
+        self._n = 0  # samples ever observed
+        self._scale = 0.05  # robust relative residual scale, refreshed by each refit
+        # (bs, k) -> log correction on top of the fit, recomputed by each refit
+        self._cells: dict[tuple[int, int], float] = {}
+
+    @property
+    def coefficients(self) -> np.ndarray:
+        return self.prior_coeffs * self.multipliers
+
+    @property
+    def num_samples(self) -> int:
+        return self._n
+
+    def predict_fit(self, bs: int | np.ndarray, k: int | np.ndarray) -> np.ndarray:
+        """Fitted roofline only (no per-cell correction)."""
+        return analytic_step_time(self.coefficients, bs, k)
+
+    def predict(self, bs: int, ks: np.ndarray | list[int] | int) -> np.ndarray:
+        """Predicted seconds per step at batch size ``bs`` for each ``k`` in ``ks``."""
+        ks_arr = np.atleast_1d(np.asarray(ks))
+        out = self.predict_fit(np.full(ks_arr.shape, bs), ks_arr)
+        if self._cells:
+            for i, k in enumerate(ks_arr.tolist()):
+                corr = self._cells.get((int(bs), int(k)))
+                if corr is not None:
+                    out[i] *= math.exp(corr)
+        return out
+
+    def observe(self, bs: int, k: int, seconds: float) -> None:
+        """Record one measured step; refits every ``refit_every`` samples."""
+        if not self.calibrate or not (math.isfinite(seconds) and seconds > 0) or bs <= 0:
+            return
+        i = self._n % len(self._t)
+        self._bs[i], self._k[i], self._t[i], self._stamp[i] = bs, k, seconds, self._n
+        self._n += 1
+        if self._n % self.refit_every == 0:
+            self.refit()
+
+    def refit(self, iterations: int = 4) -> None:
+        """Re-estimate the coefficient multipliers from the sample window."""
+        m = min(self._n, len(self._t))
+        if m == 0:
+            return
+        bs, k, t = self._bs[:m], self._k[:m], self._t[:m]
+        recency = self.decay ** (self._n - 1 - self._stamp[:m])
+        # outliers are judged against their own (bs, k) cell, so a rarely visited
+        # width whose time differs from the current fit is information, not noise
+        keys = bs.astype(np.int64) * 4096 + k.astype(np.int64)
+        uniq, inv = np.unique(keys, return_inverse=True)
+        log_t = np.log(t)
+        cell_med = _group_median(log_t, inv, len(uniq))
+        dev = log_t - cell_med[inv]
+        self._scale = max(1.4826 * float(np.median(np.abs(dev))), 1e-3)
+        lim = self.huber * self._scale
+        robust = np.minimum(1.0, lim / np.maximum(np.abs(dev), 1e-12))
+        w = recency * robust
+        f_mem = features(bs, k)[0] * self.prior_coeffs
+        f_comp = features(bs, k)[1] * self.prior_coeffs
+        x = self.multipliers.copy()
+        for _ in range(iterations):
+            mem_active = (f_mem @ x) >= (f_comp @ x)
+            design = np.where(mem_active[:, None], f_mem, f_comp) / t[:, None]
+            # relative least squares (target 1 = measured / measured), ridge towards
+            # the prior with ``prior_weight`` pseudo-samples per multiplier
+            lhs = design.T @ (design * w[:, None]) + self.prior_weight * np.eye(len(x))
+            rhs = design.T @ w + self.prior_weight
+            x = np.clip(np.linalg.solve(lhs, rhs), 0.02, 50.0)
+            x[-1] = min(x[-1], self._compute_cap(x, uniq, inv, cell_med, lim))
+        self.multipliers = x
+        pred = np.maximum(f_mem @ x, f_comp @ x)
+        res = log_t - dev + np.clip(dev, -lim, lim) - np.log(pred)  # outliers clipped
+        wsum = np.bincount(inv, weights=recency, minlength=len(uniq))
+        rsum = np.bincount(inv, weights=recency * res, minlength=len(uniq))
+        corr = rsum / (wsum + self.cell_strength)
+        self._cells = {
+            (int(key // 4096), int(key % 4096)): float(c)
+            for key, c in zip(uniq.tolist(), corr.tolist(), strict=True)
+        }
+
+    def _compute_cap(
+        self, x: np.ndarray, uniq: np.ndarray, inv: np.ndarray, cell_med: np.ndarray, lim: float
+    ) -> float:
+        """Largest compute multiplier that no well-sampled cell contradicts.
+
+        A cell's median time bounds its compute time from above; without this the
+        branch re-assignment lets a too-steep prior compute slope survive next to
+        memory-bound samples (the max hides it).
+        """
+        counts = np.bincount(inv, minlength=len(uniq))
+        ok = counts >= 3
+        if not ok.any():
+            return np.inf
+        bs_c = (uniq // 4096).astype(np.float64)[ok]
+        k_c = (uniq % 4096).astype(np.float64)[ok]
+        f_mem = features(bs_c, k_c)[0] * self.prior_coeffs
+        common = f_mem[:, :3] @ x[:3]
+        tokens = bs_c * (k_c + 1.0) * self.prior_coeffs[-1]
+        u = (np.exp(cell_med[ok] + lim) - common) / tokens
+        return float(max(u.min(), 0.02))
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            "samples": self._n,
+            "coefficients_s": dict(zip(COEFF_NAMES, self.coefficients.tolist(), strict=True)),
+            "multipliers": dict(zip(COEFF_NAMES, self.multipliers.round(4).tolist(), strict=True)),
+            "residual_scale": round(self._scale, 5),
+            "cells": len(self._cells),
+        }
+
+
+def _group_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
+    """Median of ``values`` per group id in ``0..n_groups-1``."""
+    order = np.lexsort((values, groups))
+    v = values[order]
+    counts = np.bincount(groups, minlength=n_groups)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return 0.5 * (v[starts + (counts - 1) // 2] + v[starts + counts // 2])

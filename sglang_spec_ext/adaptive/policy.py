@@ -1,0 +1,145 @@
+"""Per batch-size tier choice of the draft budget ``k`` with hysteresis and probing.
+
+The caller supplies, for the current batch, the predicted goodput of every candidate
+``k`` (committed tokens per second) and whether each prediction is still thin.
+Each tier (the largest configured tier ``<= batch size``) keeps its own current ``k``:
+
+* **hysteresis**: the tier moves to another candidate only after it has been the
+  predicted best for ``confirm`` consecutive decisions with a relative gain above
+  ``margin``, or for ``patience`` consecutive decisions with any gain; so noise in the
+  predictions (the best candidate changing from step to step) never moves it.
+  Candidates within ``tie`` (relative) of the best count as tied and the largest of
+  them is "the best": with nested drafts a wider draft never accepts less, so where
+  the extra width is (nearly) free, as at batch size 1, the wider one is the bet;
+* **probing**: every ``probe_interval`` decisions the tier spends one step on a
+  neighbouring candidate (alternately the next larger and the next smaller one) so
+  acceptance and step time at widths it is not using stay known; the probe is skipped
+  when the neighbour is predicted to lose more than ``probe_max_loss`` of the current
+  goodput. A neighbour whose prediction is *thin* (the caller decides: too few
+  acceptance observations or measured step times) is probed every
+  ``probe_interval_thin`` decisions, whatever its prediction, until it is not.
+  The cost is bounded: ``probe_max_loss / probe_interval`` of goodput for well-known
+  widths, and while a neighbour is thin one step in ``probe_interval_thin``, which
+  lasts only until the caller's thresholds are met (a handful of probes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class TierState:
+    current: int | None = None  # index into candidates
+    pending: int | None = None
+    pending_count: int = 0
+    since_probe: int = 0
+    probe_up: bool = True
+    decisions: int = 0
+    switches: int = 0
+    probes: int = 0
+
+
+class TierPolicy:
+    def __init__(
+        self,
+        candidates: Sequence[int],
+        tiers: Sequence[int],
+        *,
+        margin: float = 0.03,
+        patience: int = 16,
+        confirm: int = 3,
+        tie: float = 0.01,
+        probe_interval: int = 32,
+        probe_interval_thin: int = 8,
+        probe_max_loss: float = 0.15,
+    ) -> None:
+        self.candidates = np.array(sorted(set(int(k) for k in candidates)), dtype=np.int64)
+        self.tiers = np.array(sorted(set(int(t) for t in tiers)), dtype=np.int64)
+        self.margin = margin
+        self.patience = patience
+        self.confirm = max(1, min(confirm, patience))
+        self.tie = tie
+        self.probe_interval = probe_interval
+        self.probe_interval_thin = max(1, min(probe_interval_thin, probe_interval or 1))
+        self.probe_max_loss = probe_max_loss
+        self.states = [TierState() for _ in self.tiers]
+
+    def tier_index(self, batch_size: int) -> int:
+        return max(0, int(np.searchsorted(self.tiers, batch_size, side="right")) - 1)
+
+    def current_k(self, batch_size: int) -> int | None:
+        cur = self.states[self.tier_index(batch_size)].current
+        return None if cur is None else int(self.candidates[cur])
+
+    def decide(self, batch_size: int, goodput: np.ndarray, thin: np.ndarray) -> int:
+        """The ``k`` to use for this step.
+
+        ``goodput``: predicted goodput per candidate; ``thin``: per candidate, whether
+        its prediction still rests on too few observations (always worth a probe).
+        """
+        st = self.states[self.tier_index(batch_size)]
+        st.decisions += 1
+        top = float(np.max(goodput))
+        # ties (within ``tie``) go to the largest k: with nested drafts a wider one never
+        # accepts less, so a negligible predicted difference favours it
+        best = int(np.flatnonzero(goodput >= top * (1.0 - self.tie))[-1])
+        if st.current is None:
+            st.current = best
+        cur = st.current
+        gain = goodput[best] / max(float(goodput[cur]), 1e-12) - 1.0
+        if best != cur and gain > -self.tie:
+            if st.pending != best:
+                st.pending, st.pending_count = best, 0
+            st.pending_count += 1
+            big = gain > self.margin
+            if (big and st.pending_count >= self.confirm) or st.pending_count >= self.patience:
+                self._switch(st, best)
+        else:
+            st.pending, st.pending_count = None, 0
+        probe = self._probe(st, goodput, thin)
+        return int(self.candidates[st.current if probe is None else probe])
+
+    @staticmethod
+    def _switch(st: TierState, to: int) -> None:
+        st.current = to
+        st.pending, st.pending_count = None, 0
+        st.switches += 1
+
+    def _probe(self, st: TierState, goodput: np.ndarray, thin: np.ndarray) -> int | None:
+        if self.probe_interval <= 0:
+            return None
+        st.since_probe += 1
+        cur = st.current
+        assert cur is not None
+        nbs = [nb for nb in (cur + 1, cur - 1) if 0 <= nb < len(self.candidates)]
+        if not st.probe_up:
+            nbs.reverse()
+        thin_nbs = [nb for nb in nbs if thin[nb]]
+        if thin_nbs and st.since_probe >= self.probe_interval_thin:
+            pick: int | None = thin_nbs[0]
+        elif st.since_probe >= self.probe_interval and nbs:
+            nb = nbs[0]
+            pick = nb if goodput[nb] >= (1.0 - self.probe_max_loss) * goodput[cur] else None
+        else:
+            return None
+        st.since_probe = 0
+        st.probe_up = not st.probe_up
+        if pick is not None:
+            st.probes += 1
+        return pick
+
+    def snapshot(self) -> list[dict[str, int | None]]:
+        return [
+            {
+                "tier": int(t),
+                "k": None if s.current is None else int(self.candidates[s.current]),
+                "decisions": s.decisions,
+                "switches": s.switches,
+                "probes": s.probes,
+            }
+            for t, s in zip(self.tiers, self.states, strict=True)
+        ]

@@ -1,0 +1,145 @@
+"""SUFFIX with an adaptive verify width (``SGLANG_SPEC_EXT_ADAPTIVE=1``).
+
+Before each decode step the controller (``sglang_spec_ext.adaptive``) picks the
+number of draft nodes ``k`` for the batch size at hand; the step then verifies
+``k + 1`` tokens per request (``k = 0`` is plain decoding through the verify
+path). ``--speculative-num-draft-tokens`` is the largest width.
+
+How widths switch without touching the host:
+
+* the host's NGRAM worker keeps preallocated draft buffers sized by
+  ``draft_token_num``; one set per width is built lazily with the host's own
+  ``_init_preallocated_tensors`` and swapped in before the step;
+* the step's result reports its width (``speculative_num_draft_tokens``), so
+  the scheduler's output processing and its metrics use the width really used;
+* under overlap scheduling the relayed accepted tokens are padded to the
+  startup width, which is what the host's future map is sized for.
+
+Feedback: the accepted drafts per request of a step are read at the next
+decode step (so no extra device sync); the step time fed to the cost model is
+the wall time between two consecutive decode steps of the same batch size,
+which is what bounds decode throughput. CUDA-graph runners are captured for
+the startup width only; other widths run eagerly (measured by the cost model
+like any other step). Tested end to end on the CPU engine only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+
+from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
+from sglang_spec_ext.sglang.server_args import plugin_config
+from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
+
+logger = logging.getLogger("sglang_spec_ext")
+
+#: Decode steps between two INFO lines summarising the widths the controller used.
+LOG_EVERY_STEPS = 200
+
+# NGRAMWorker attributes that depend on draft_token_num (built by _init_preallocated_tensors).
+_WIDTH_BUFFERS = (
+    "draft_tokens",
+    "retrieve_indexes",
+    "retrieve_next_token",
+    "retrieve_next_sibling",
+    "positions",
+    "tree_mask",
+    "draft_tokens_batch",
+    "tree_mask_batch",
+    "retrieve_indexes_batch",
+    "retrieve_next_token_batch",
+    "retrieve_next_sibling_batch",
+    "positions_batch",
+)
+
+
+def adaptive_config_for(max_width: int) -> AdaptiveConfig:
+    """The controller config from the plugin config, capped by the startup width."""
+    from sglang_spec_ext.config import adaptive_config
+
+    return adaptive_config(plugin_config(), max_k=max_width - 1)
+
+
+class AdaptiveSuffixWorker(SuffixWorker):
+    """``--speculative-algorithm SUFFIX`` with ``SGLANG_SPEC_EXT_ADAPTIVE=1``."""
+
+    def _init_drafter(self) -> None:
+        super()._init_drafter()
+        self.max_width = self.draft_token_num
+        self.controller = AdaptiveController(adaptive_config_for(self.max_width))
+        self._width_buffers: dict[int, dict[str, Any]] = {}
+        self._pending: tuple | None = None  # (bs, k, accept_lens, rids, t_start)
+        self._widths_used: Counter[int] = Counter()
+
+    # -- per-width buffers ------------------------------------------------------
+    def _init_preallocated_tensors(self) -> None:
+        super()._init_preallocated_tensors()
+        self._width_buffers[self.draft_token_num] = {a: getattr(self, a) for a in _WIDTH_BUFFERS}
+
+    def _use_width(self, width: int) -> None:
+        if width not in self._width_buffers:
+            self.draft_token_num = width
+            super()._init_preallocated_tensors()
+            self._width_buffers[width] = {a: getattr(self, a) for a in _WIDTH_BUFFERS}
+        for name, value in self._width_buffers[width].items():
+            setattr(self, name, value)
+        self.draft_token_num = width
+        self.speculative_num_draft_tokens = width
+
+    # -- the step ----------------------------------------------------------------
+    def forward_batch_generation(self, batch: Any, on_publish=None, pp_proxy_tensors=None):
+        if not batch.forward_mode.is_decode():
+            self._pending = None  # a prefill in between: no decode step time to measure
+            return super().forward_batch_generation(
+                batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors
+            )
+        now = time.perf_counter()
+        bs = len(batch.reqs)
+        rids = [req.rid for req in batch.reqs]
+        self._feed_back(now, bs)
+        k = self.controller.choose_k(bs, rids)
+        width = max(1, min(k + 1, self.max_width))
+        self._use_width(width)
+        result = super().forward_batch_generation(
+            batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors
+        )
+        self._pending = (bs, width - 1, result.accept_lens, rids, now)
+        if width < self.max_width and result.next_draft_input is not None:
+            self._pad_relay(result.next_draft_input, bs, width)
+        self._widths_used[width] += 1
+        if sum(self._widths_used.values()) >= LOG_EVERY_STEPS:
+            logger.info(
+                "SUFFIX adaptive: verify widths used in the last %d decode steps: %s",
+                LOG_EVERY_STEPS,
+                dict(sorted(self._widths_used.items())),
+            )
+            self._widths_used.clear()
+        return result
+
+    def _feed_back(self, now: float, bs: int) -> None:
+        if self._pending is None:
+            return
+        prev_bs, k, accept_lens, rids, t_start = self._pending
+        self._pending = None
+        accepted = [max(0, int(a) - 1) for a in accept_lens.tolist()]
+        step_time = now - t_start if prev_bs == bs else None
+        self.controller.on_verify(prev_bs, k, accepted, step_time, req_ids=rids)
+
+    def _pad_relay(self, draft_input: Any, bs: int, width: int) -> None:
+        """Relayed accepted tokens at the startup stride (overlap scheduling)."""
+        tokens = draft_input.accept_tokens
+        if tokens is None or tokens.numel() != bs * width:
+            return
+        padded = torch.zeros((bs, self.max_width), dtype=tokens.dtype, device=tokens.device)
+        padded[:, :width] = tokens.view(bs, width)
+        draft_input.accept_tokens = padded.flatten()
+        draft_input.draft_token_num = self.max_width
+
+    def close_sessions(self, rids: list[str]) -> None:
+        super().close_sessions(rids)
+        self.controller.forget_requests(rids)

@@ -1,0 +1,110 @@
+"""AdaptiveController: end-to-end choices on known acceptance and costs; config."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
+from sglang_spec_ext.adaptive.cost import StepCostParams, analytic_step_time
+
+TRUTH = StepCostParams().coefficients()
+
+
+def drive(ctl: AdaptiveController, bs: int, p: float, steps: int, seed: int = 0) -> list[int]:
+    """Chain acceptance p per depth, true analytic step times with 5 % noise."""
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for _ in range(steps):
+        k = ctl.choose_k(bs)
+        chosen.append(k)
+        ok = rng.random((bs, max(k, 1)))[:, :k] < p
+        acc = np.where(ok.all(axis=1), k, np.argmin(ok, axis=1)) if k else np.zeros(bs, int)
+        t = analytic_step_time(TRUTH, bs, k)[0] * np.exp(rng.normal(0, 0.05))
+        ctl.on_verify(bs, k, acc, t)
+    return chosen
+
+
+def test_zero_acceptance_turns_speculation_off() -> None:
+    ctl = AdaptiveController()
+    chosen = drive(ctl, 1, 0.0, 300)
+    assert ctl.policy.current_k(1) == 0
+    assert chosen[-100:].count(0) >= 85  # the rest: probes, at most 1 in probe_interval_thin
+
+
+def test_high_acceptance_at_bs1_uses_long_drafts() -> None:
+    ctl = AdaptiveController()
+    drive(ctl, 1, 0.95, 300)
+    assert ctl.policy.current_k(1) >= 16
+
+
+def test_large_batch_uses_short_drafts() -> None:
+    ctl = AdaptiveController()
+    drive(ctl, 256, 0.7, 200)
+    k = ctl.policy.current_k(256)
+    assert k is not None and 1 <= k <= 4
+
+
+def test_batch_size_tiers_choose_differently() -> None:
+    ctl = AdaptiveController()
+    for _ in range(3):
+        drive(ctl, 1, 0.8, 100)
+        drive(ctl, 256, 0.8, 100)
+    assert ctl.policy.current_k(1) > ctl.policy.current_k(256)
+
+
+def test_per_request_ids_and_snapshot() -> None:
+    ctl = AdaptiveController(AdaptiveConfig(max_k=8))
+    assert max(ctl.ks) == 8
+    for _ in range(50):
+        k = ctl.choose_k(2, ["a", "b"])
+        ctl.on_verify(2, k, [k, 0], 0.01, ["a", "b"], accepted_within={1: [1, 0]})
+    e = ctl.requests.expected_accept_lengths(["a", "b"], [8])[:, 0]
+    assert e[0] > e[1]
+    ctl.forget_requests(["a"])
+    snap = ctl.snapshot()
+    json.dumps(snap)
+    assert snap["steps"] == 50 and snap["tracked_requests"] == 1
+    assert {"tiers", "expected_accept_length", "cost", "last_decision"} <= set(snap)
+    with pytest.raises(ValueError, match="req_ids"):
+        ctl.on_verify(2, 1, [1, 0], None, ["a"])
+
+
+def test_input_validation() -> None:
+    ctl = AdaptiveController()
+    with pytest.raises(ValueError, match="batch_size"):
+        ctl.choose_k(0)
+    with pytest.raises(ValueError, match="k="):
+        ctl.on_verify(1, -1, [0])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expect"),
+    [
+        ("decay", 0.0, r"decay=0.0: expected a number in \(0.0, 1.0\]"),
+        ("max_k", -1, r"max_k=-1: expected an integer in \[0, 1024\]"),
+        ("candidate_ks", (), "candidate_ks=()"),
+        ("candidate_ks", (64,), "at least one value <= max_k=32"),
+        ("tiers", (0, 1), r"tiers=\(0, 1\)"),
+        ("cost_preset", "nope", "cost_preset='nope': expected one of"),
+        ("cost_mem_bw", 0.0, "cost_mem_bw=0.0"),
+        ("per_request", 1, "per_request=1: expected a bool"),
+        ("switch_patience", 0, "switch_patience=0"),
+    ],
+)
+def test_config_validation_names_field_value_and_range(
+    field: str, value: object, expect: str
+) -> None:
+    with pytest.raises(ValueError, match=expect):
+        AdaptiveConfig(**{field: value})
+
+
+def test_config_helpers() -> None:
+    cfg = AdaptiveConfig(candidate_ks=(16, 0, 4, 64, 4), max_k=16, cost_fixed_s=5e-3)
+    assert cfg.ks == (0, 4, 16)
+    assert cfg.cost_params().fixed_s == 5e-3
+    names = AdaptiveConfig.env_var_names()
+    assert names["switch_margin"] == "SGLANG_SPEC_EXT_ADAPTIVE_SWITCH_MARGIN"
+    assert all(v.startswith("SGLANG_SPEC_EXT_ADAPTIVE_") for v in names.values())

@@ -1,0 +1,90 @@
+"""Step-cost model: analytic prior and online calibration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sglang_spec_ext.adaptive.cost import (
+    COEFF_NAMES,
+    PRESETS,
+    StepCostModel,
+    StepCostParams,
+    analytic_step_time,
+)
+
+TRUTH = StepCostParams()
+WRONG_PRIOR = StepCostParams(
+    mem_bw=2.0e12, flops=4.0e14, fixed_s=2e-3, context_len=1024, spec_fixed_s=0.1e-3,
+    draft_s_per_req=5e-6,
+)  # fmt: skip
+
+
+def test_default_constants_match_the_documented_figures() -> None:
+    c = TRUTH.coefficients()
+    t = analytic_step_time(c, [1, 1, 256], [0, 8, 0])
+    assert 6.8e-3 < t[0] < 7.4e-3  # ~140 tok/s plain decoding at bs=1
+    assert t[1] / t[0] < 1.06  # verifying 9 tokens at bs=1 is nearly free
+    assert t[2] > 4 * t[0]  # KV reads dominate at bs=256
+    # beyond the knee the step grows with the token count
+    assert analytic_step_time(c, 256, 16)[0] > 3 * analytic_step_time(c, 256, 1)[0]
+    assert set(PRESETS) >= {"llama3-8b-h100"}
+
+
+def test_params_validation_names_the_field() -> None:
+    with pytest.raises(ValueError, match=r"mem_bw=0.*\(0, inf\)"):
+        StepCostParams(mem_bw=0)
+    with pytest.raises(ValueError, match="fixed_s"):
+        StepCostParams(fixed_s=-1.0)
+
+
+def test_calibration_recovers_constants_from_noisy_samples() -> None:
+    rng = np.random.default_rng(0)
+    truth = TRUTH.coefficients()
+    model = StepCostModel(WRONG_PRIOR)
+    for _ in range(1500):
+        bs = int(2 ** rng.integers(0, 9))
+        k = int(rng.choice([0, 1, 2, 4, 8, 16, 32]))
+        t = analytic_step_time(truth, bs, k)[0] * np.exp(rng.normal(0, 0.05))
+        if rng.random() < 0.02:
+            t *= 3.0  # outliers
+        model.observe(bs, k, t)
+    got = dict(zip(COEFF_NAMES, model.coefficients / truth, strict=True))
+    for name in ("weights", "kv_per_req", "flop_per_token"):
+        assert abs(got[name] - 1) < 0.1, (name, got)
+    assert abs(got["fixed"] * truth[0] + got["weights"] * truth[3] - truth[0] - truth[3]) < 3e-4
+    bs = np.repeat([1, 4, 16, 64, 256], 6)
+    ks = np.tile([0, 1, 3, 8, 16, 32], 5)
+    rel = model.predict_fit(bs, ks) / analytic_step_time(truth, bs, ks)
+    assert np.all(np.abs(rel - 1) < 0.04), rel
+    assert model.snapshot()["samples"] == 1500
+
+
+def test_rarely_probed_compute_bound_width_is_learned() -> None:
+    """A too-steep prior compute slope must not survive a few probes (no outlier)."""
+    rng = np.random.default_rng(1)
+    truth = TRUTH.coefficients()
+    model = StepCostModel(WRONG_PRIOR)
+    for i in range(800):
+        k = 3 if i % 32 == 0 else 2
+        model.observe(256, k, analytic_step_time(truth, 256, k)[0] * np.exp(rng.normal(0, 0.05)))
+    pred = model.predict(256, [2, 3])
+    true = analytic_step_time(truth, [256, 256], [2, 3])
+    assert np.all(np.abs(pred / true - 1) < 0.06), pred / true
+
+
+def test_without_calibration_the_prior_is_used() -> None:
+    model = StepCostModel(WRONG_PRIOR, calibrate=False)
+    for _ in range(50):
+        model.observe(1, 0, 1.0)
+    assert model.num_samples == 0
+    want = analytic_step_time(WRONG_PRIOR.coefficients(), 1, [0, 4])
+    assert np.allclose(model.predict(1, [0, 4]), want)
+
+
+def test_invalid_measurements_are_ignored() -> None:
+    model = StepCostModel()
+    for t in (float("nan"), -1.0, 0.0, float("inf")):
+        model.observe(4, 2, t)
+    model.observe(0, 2, 0.01)
+    assert model.num_samples == 0

@@ -1,0 +1,68 @@
+"""Tier policy: hysteresis and probing."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sglang_spec_ext.adaptive.policy import TierPolicy
+
+CANDS = [0, 1, 2, 4, 8]
+NOT_THIN = np.zeros(len(CANDS), dtype=bool)
+
+
+def flat_run(pol: TierPolicy, steps: int = 2000) -> list[int]:
+    rng = np.random.default_rng(0)
+    return [
+        pol.decide(1, 1000.0 * (1 + rng.normal(0, 0.01, len(CANDS))), NOT_THIN)  # flat, 1 % noise
+        for _ in range(steps)
+    ]
+
+
+def test_flat_objective_does_not_oscillate() -> None:
+    pol = TierPolicy(CANDS, [1, 8], margin=0.03, patience=16, probe_interval=0)
+    chosen = flat_run(pol)
+    switches = int(np.sum(np.diff(chosen) != 0))
+    assert pol.states[0].switches == switches
+    assert switches <= 10, switches
+    greedy = TierPolicy(CANDS, [1], margin=0.0, patience=1, confirm=1, tie=0.0, probe_interval=0)
+    assert int(np.sum(np.diff(flat_run(greedy)) != 0)) > 1000  # what hysteresis prevents
+
+
+def test_large_gain_switches_after_confirm_small_gain_after_patience() -> None:
+    pol = TierPolicy(CANDS, [1], margin=0.05, confirm=2, patience=10, tie=0.0, probe_interval=0)
+    base = np.array([100.0, 100.0, 100.0, 100.0, 100.0])
+    assert pol.decide(1, base + np.array([0, 0, 1, 0, 0]), NOT_THIN) == 2  # first: argmax
+    big = np.array([100.0, 100.0, 100.0, 100.0, 120.0])
+    assert [pol.decide(1, big, NOT_THIN) for _ in range(2)] == [2, 8]
+    small = np.array([100.0, 100.0, 100.0, 102.0, 100.0])
+    picks = [pol.decide(1, small, NOT_THIN) for _ in range(10)]
+    assert picks[:9] == [8] * 9 and picks[9] == 4
+
+
+def test_tiers_are_independent() -> None:
+    pol = TierPolicy(CANDS, [1, 8, 64], probe_interval=0)
+    up = np.array([1.0, 2, 3, 4, 5])
+    down = up[::-1].copy()
+    assert pol.decide(2, up, NOT_THIN) == 8  # tier 1
+    assert pol.decide(100, down, NOT_THIN) == 0  # tier 64
+    assert pol.current_k(3) == 8 and pol.current_k(64) == 0 and pol.current_k(8) is None
+
+
+def test_probes_neighbours_with_bounded_frequency() -> None:
+    pol = TierPolicy(CANDS, [1], probe_interval=10, probe_interval_thin=3, probe_max_loss=0.1)
+    goodput = np.array([50.0, 80.0, 100.0, 95.0, 60.0])  # current: k=2; k=4 close, k=1 far
+    picks = [pol.decide(1, goodput, NOT_THIN) for _ in range(100)]
+    probes = [k for k in picks if k != 2]
+    assert set(probes) == {4}  # k=1 loses 20 % > 10 %: skipped; k=4 probed
+    assert 4 <= len(probes) <= 6  # one probe per 10 decisions, alternating directions
+    thin = np.array([False, True, False, False, False])
+    picks = [pol.decide(1, goodput, thin) for _ in range(30)]
+    assert picks.count(1) >= 8  # a thin neighbour is probed every 3 decisions
+    assert pol.snapshot()[0]["probes"] == len(probes) + sum(k != 2 for k in picks)
+
+
+def test_ties_go_to_the_widest_draft() -> None:
+    pol = TierPolicy(CANDS, [1], tie=0.01, patience=4, probe_interval=0)
+    nearly_flat = np.array([90.0, 100.0, 100.2, 99.6, 99.3])  # k=8 within 1 % of the best
+    picks = [pol.decide(1, nearly_flat, NOT_THIN) for _ in range(6)]
+    assert picks[0] == 8 and set(picks) == {8}

@@ -1,0 +1,90 @@
+"""Replay simulator and the adaptive replay benchmark (synthetic mode, small)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sglang_spec_ext.adaptive.simulator import (
+    AcceptanceTable,
+    FixedPolicy,
+    load_tables,
+    replay,
+)
+from sglang_spec_ext.adaptive.synthetic import best_first_order, generate, write_jsonl
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "adaptive_replay.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("adaptive_replay_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_token_accounting_on_a_handmade_table() -> None:
+    # one request of 6 output tokens; ks = (0, 2, 4): a(p, 2) = 2 and a(p, 4) = 4 everywhere
+    acc = [[0, min(2, 5 - p), min(4, 5 - p)] for p in range(6)]
+    table = AcceptanceTable.from_rows([{"set": "t", "ks": [0, 2, 4], "accepted": acc}])
+    assert table.ks.tolist() == [0, 2, 4] and table.column(3) == 1 and table.column(1) == 0
+
+    def cost(bs: int, k: int) -> float:
+        return 1.0
+
+    # decoding starts at position 1: 5 tokens to commit per request
+    r = replay(table, 1, FixedPolicy(4), cost, steps=2)
+    assert (r.tokens, r.seconds) == (10, 2.0)  # 1 + 4 tokens, done; the refill: 5 more
+    r = replay(table, 1, FixedPolicy(3), cost, steps=2)  # uses the k=2 column
+    assert r.tokens == 3 + 2  # p=1: a=2 -> 3 tokens; p=4: a=1 -> 2 tokens (the end)
+    r0 = replay(table, 3, FixedPolicy(0), cost, steps=7)
+    assert r0.tokens == 21 and r0.goodput == 3.0  # plain decoding: one token per request
+
+
+def test_plain_decoding_goodput_is_batch_over_step_time() -> None:
+    table = AcceptanceTable.from_rows(generate("chat", 5, seed=0))
+    r = replay(table, 16, FixedPolicy(0), lambda bs, k: 0.02, steps=50)
+    assert r.goodput == pytest.approx(16 / 0.02)
+    assert r.k_hist == {0: 50}
+
+
+def test_synthetic_tables_are_nested_and_round_trip(tmp_path: Path) -> None:
+    order = best_first_order((0.5, 0.2), 10)
+    assert list(order)[:3] == [(1,), (1, 1), (2,)]
+    rows = generate("mixed", 6, ks=[1, 2, 4, 8], seed=3, mean_len=60)
+    for row in rows:
+        a = np.array(row["accepted"])
+        assert np.all(np.diff(a, axis=1) >= 0)  # nested trees never accept less
+        assert np.all(a <= np.array([1, 2, 4, 8]))
+        assert np.all(a[:, -1] <= len(a) - 1 - np.arange(len(a)))
+    write_jsonl(rows, tmp_path / "m.jsonl")
+    tables = load_tables([tmp_path / "m.jsonl"])
+    assert list(tables) == ["mixed"] and len(tables["mixed"].lengths) == 6
+
+
+def test_benchmark_synthetic_small_meets_the_bars(tmp_path: Path) -> None:
+    bench = load_bench()
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    args = ["--synthetic", "--sets", "mixed", "--batch-sizes", "1,16,256"]
+    args += ["--steps", "2000", "--requests", "100"]
+    args += ["--out", str(out), "--plot", str(png)]
+    if not bench.host_ema_available():
+        args.append("--no-host-ema")
+    report = bench.main(args)
+    saved = json.loads(out.read_text())
+    assert saved["label"] == "analytic step-cost model (projection, not measured)"
+    assert png.stat().st_size > 10_000
+    assert set(saved["results"]) == {"mixed"}
+    assert set(saved["results"]["mixed"]) == {"1", "16", "256"}
+    for set_name, rows in report["bars"].items():
+        for bs, bars in rows.items():
+            assert bars["ok_best_fixed"], (set_name, bs, bars)
+            assert bars["ok_plain"], (set_name, bs, bars)
+            if "ok_host_ema" in bars:
+                assert bars["ok_host_ema"], (set_name, bs, bars)
+    assert report["all_bars_ok"]
