@@ -92,6 +92,9 @@ class CPUServer:
             str(self.port),
             "--random-seed",
             "0",
+            # An idle scheduler otherwise busy-polls a core: on a 2-core machine two
+            # idle servers would starve the one a test is talking to.
+            "--sleep-on-idle",
             *extra_args,
         ]
         self.env = cpu_server_env(env)
