@@ -101,9 +101,11 @@ def test_usage_errors(capsys: pytest.CaptureFixture) -> None:
 
 def test_ctrl_c_saves_partial_results_and_exits_130(tmp_path: Path) -> None:
     with FakeServer(delay_s=0.05) as srv:
+        # Enough cells (2 scenarios x 12 loads, ~0.3-2 s each) that the run cannot
+        # finish between the first saved cell and the signal, however fast the machine.
         cmd = [sys.executable, "-m", "sglang_spec_ext.cli", *_bench(
-            "--baseline-url", srv.url, "--rates", "inf", "--concurrency", "1",
-            "--scenario", "t:8:40", "--out", str(tmp_path))]  # fmt: skip
+            "--baseline-url", srv.url, "--rates", "inf,1,2,3,4,5,6,7,8",
+            "--concurrency", "1,2,3", "--scenario", "t:8:40", "--out", str(tmp_path))]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         results = tmp_path / "results.json"
