@@ -27,6 +27,9 @@ CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 #: Controller options: SGLANG_SPEC_EXT_ADAPTIVE_<FIELD> / JSON key adaptive_<field>,
 #: one per field of sglang_spec_ext.adaptive.AdaptiveConfig, validated by it.
 ADAPTIVE_PREFIX = "adaptive_"
+#: Variables read at build/install time (setup.py), not by the plugin at run time:
+#: accepted in the environment of a running server and ignored.
+BUILD_TIME_ENV = frozenset({ENV_PREFIX + "NO_NATIVE"})
 
 
 class ConfigError(ValueError):
@@ -91,9 +94,34 @@ FIELDS: tuple[Field, ...] = (
         "max_cached_tokens",
         int,
         4_000_000,
-        "global tree bound: tokens kept over all cached requests (oldest evicted first)",
+        "global tree bound: tokens kept over all cached requests (oldest evicted first); "
+        "at most 2**28 (the native core's 32-bit node ids)",
         0,
-        1_000_000_000,
+        1 << 28,
+    ),
+    Field(
+        "max_request_tokens",
+        int,
+        65536,
+        "per-request tree bound: it keeps the request's most recent tokens (>= max_depth)",
+        1,
+        1 << 28,
+    ),
+    Field(
+        "global_prompt_cap",
+        int,
+        65536,
+        "only the last min(this, max_cached_tokens / 2) prompt tokens enter the global tree",
+        0,
+        1 << 28,
+    ),
+    Field(
+        "step_insert_tokens",
+        int,
+        4096,
+        "prompt tokens inserted into the trees per decode step (long prompts spread over steps)",
+        1,
+        1 << 30,
     ),
     Field("cache_prompts", bool, True, "insert prompts (not only outputs) into the global tree"),
     Field("use_tree", bool, True, "draft trees (True) or single chains (False)"),
@@ -110,6 +138,20 @@ FIELDS: tuple[Field, ...] = (
         bool,
         True,
         "install pure-torch versions of host kernels missing on CPU-only hosts",
+    ),
+    Field(
+        "host_fixes",
+        bool,
+        True,
+        "fix host bugs that break speculative serving (see sglang/host_fixes.py)",
+    ),
+    Field(
+        "stats_log_interval_s",
+        float,
+        30.0,
+        "seconds between the SUFFIX worker's drafter-statistics log lines (0: every step)",
+        0.0,
+        86400.0,
     ),
     # Adaptive draft-width controller.
     Field("adaptive", bool, False, "choose the draft width per step from measured goodput"),
@@ -194,10 +236,15 @@ class PluginConfig:
     min_token_prob: float = 0.1
     max_cached_requests: int = 10000
     max_cached_tokens: int = 4_000_000
+    max_request_tokens: int = 65536
+    global_prompt_cap: int = 65536
+    step_insert_tokens: int = 4096
     cache_prompts: bool = True
     use_tree: bool = True
     backend: str = "auto"
     cpu_fallbacks: bool = True
+    host_fixes: bool = True
+    stats_log_interval_s: float = 30.0
     adaptive: bool = False
     # Where each value came from: field name -> "default" | "file" | "env".
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
@@ -206,6 +253,24 @@ class PluginConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in FIELDS}
+
+    def suffix_config(self) -> Any:
+        """The suffix drafter's ``SuffixConfig`` for these settings (the one mapping)."""
+        from sglang_spec_ext.suffix.config import SuffixConfig
+
+        return SuffixConfig(
+            max_depth=self.max_depth,
+            max_spec_factor=self.spec_factor,
+            max_spec_offset=self.spec_offset,
+            min_token_prob=self.min_token_prob,
+            max_cached_requests=self.max_cached_requests,
+            max_cached_tokens=self.max_cached_tokens,
+            cache_prompts=self.cache_prompts,
+            use_tree=self.use_tree,
+            max_request_tokens=self.max_request_tokens,
+            global_prompt_cap=self.global_prompt_cap,
+            step_insert_tokens=self.step_insert_tokens,
+        )
 
 
 def _check_fields_match() -> None:
@@ -230,6 +295,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
         for k in env
         if k.startswith(ENV_PREFIX)
         and k != CONFIG_FILE_ENV
+        and k not in BUILD_TIME_ENV
         and k[len(ENV_PREFIX) :].lower() not in known
     )
     if unknown_env:
@@ -261,6 +327,12 @@ def load_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
             f"{_FIELD_BY_NAME['max_cached_tokens'].env}=0 with "
             f"{_FIELD_BY_NAME['max_cached_requests'].env}={values['max_cached_requests']}: "
             "the global tree cannot hold requests without tokens; set both to 0 to disable it"
+        )
+    if values["max_request_tokens"] < values["max_depth"]:
+        raise ConfigError(
+            f"{_FIELD_BY_NAME['max_request_tokens'].env}={values['max_request_tokens']} is "
+            f"invalid: expected at least {_FIELD_BY_NAME['max_depth'].env}="
+            f"{values['max_depth']} (the per-request tree must hold one full match)"
         )
     options = _adaptive_options(env, file_values)
     return PluginConfig(**values, sources=sources, adaptive_options=options)

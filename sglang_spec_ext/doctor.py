@@ -115,23 +115,56 @@ def _check_config(rep: _Report) -> None:
     rep.line("ok", "configuration valid:")
     for name, value in cfg.as_dict().items():
         print(f"         {name:<22} = {value!r:<12} ({cfg.sources[name]})")
+    from sglang_spec_ext.suffix.memory import estimate_bytes
+
+    mem = estimate_bytes(cfg.suffix_config())
+    rep.data["suffix_memory_bound_bytes"] = mem.total
+    rep.line("ok", f"suffix drafter memory bound: {mem.describe()}")
+
+
+NATIVE_FIX = (
+    "install a C++17 compiler and pybind11, then reinstall: pip install --no-build-isolation "
+    "-e . (unset SGLANG_SPEC_EXT_NO_NATIVE); or set SGLANG_SPEC_EXT_BACKEND=python to use "
+    "the slow drafter knowingly"
+)
+
+
+def _configured_backend() -> str:
+    try:
+        return load_config().backend
+    except ConfigError:
+        return "auto"  # reported by the configuration check
 
 
 def _check_native(rep: _Report) -> None:
     try:
         from sglang_spec_ext.suffix import native_available
     except ImportError as e:
-        rep.line("warn", f"suffix drafter not importable: {e}")
+        rep.line("FAIL", f"suffix drafter not importable: {e}", "reinstall sglang-spec-ext")
         return
     ok = native_available()
+    backend = _configured_backend()
     rep.data["native_suffix_core"] = ok
     if ok:
         rep.line("ok", "native suffix-tree core built")
-    else:
+    elif backend == "python":
         rep.line(
             "warn",
-            "native suffix-tree core not built; the pure-Python drafter is slower",
-            "install a C++ compiler and reinstall: pip install --no-build-isolation -e .",
+            "native suffix-tree core not built; SGLANG_SPEC_EXT_BACKEND=python chosen: the "
+            "pure-Python drafter (25-50x slower per step) is used",
+        )
+    else:
+        # backend=auto would fall back to the pure-Python drafter, backend=native would
+        # refuse to start: either way serving is not what the user asked for.
+        rep.line(
+            "FAIL",
+            f"native suffix-tree core not built (backend={backend}): SUFFIX would "
+            + (
+                "refuse to start"
+                if backend == "native"
+                else "draft with the pure-Python drafter, 25-50x slower per step"
+            ),
+            NATIVE_FIX,
         )
 
 

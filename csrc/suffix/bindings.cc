@@ -67,14 +67,17 @@ class PyEngine {
     std::vector<int64_t> hs;
     for (py::handle h : py::iter(handles)) hs.push_back(h.cast<int64_t>());
     py::list out(hs.size());
+    engine_.begin_step();
     for (size_t i = 0; i < hs.size(); ++i) {
-      PyList_SET_ITEM(out.ptr(), i, to_python(engine_.speculate(hs[i], max_nodes)).release().ptr());
+      PyList_SET_ITEM(out.ptr(), i, to_python(engine_.draft(hs[i], max_nodes)).release().ptr());
     }
+    engine_.end_step();
     return out;
   }
   void finish(int64_t h) { engine_.finish(h); }
   void abort(int64_t h) { engine_.abort(h); }
   void reset() { engine_.reset(); }
+  void flush() { engine_.flush(); }
   std::string check() const { return engine_.check(); }
   void compact() { engine_.compact(); }
   py::dict stats() const {
@@ -87,6 +90,7 @@ class PyEngine {
     d["global_nodes"] = s.global_nodes;
     d["local_nodes"] = s.local_nodes;
     d["local_tokens"] = s.local_tokens;
+    d["pending_tokens"] = s.pending_tokens;
     d["memory_bytes"] = s.memory_bytes;
     return d;
   }
@@ -100,10 +104,15 @@ class PyEngine {
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "Compiled suffix-tree drafter core (see sglang_spec_ext.suffix.reference).";
+  // Sizes for memory accounting (sglang_spec_ext.suffix.memory).
+  m.attr("NODE_BYTES") = static_cast<int64_t>(sse::SuffixTree::kNodeBytes);
+  m.attr("CHILD_BYTES") = static_cast<int64_t>(sizeof(sse::Child));
   py::class_<PyEngine>(m, "Engine")
       .def(py::init([](int max_depth, double max_spec_factor, double max_spec_offset,
                        double min_token_prob, int64_t max_cached_requests,
-                       int64_t max_cached_tokens, bool cache_prompts, bool use_tree) {
+                       int64_t max_cached_tokens, bool cache_prompts, bool use_tree,
+                       int64_t max_request_tokens, int64_t global_prompt_cap,
+                       int64_t step_insert_tokens) {
              sse::EngineConfig c;
              c.max_depth = max_depth;
              c.max_spec_factor = max_spec_factor;
@@ -113,11 +122,16 @@ PYBIND11_MODULE(_native, m) {
              c.max_cached_tokens = max_cached_tokens;
              c.cache_prompts = cache_prompts;
              c.use_tree = use_tree;
+             c.max_request_tokens = max_request_tokens;
+             c.global_prompt_cap = global_prompt_cap;
+             c.step_insert_tokens = step_insert_tokens;
              return new PyEngine(c);
            }),
            py::arg("max_depth"), py::arg("max_spec_factor"), py::arg("max_spec_offset"),
            py::arg("min_token_prob"), py::arg("max_cached_requests"),
-           py::arg("max_cached_tokens"), py::arg("cache_prompts"), py::arg("use_tree"))
+           py::arg("max_cached_tokens"), py::arg("cache_prompts"), py::arg("use_tree"),
+           py::arg("max_request_tokens"), py::arg("global_prompt_cap"),
+           py::arg("step_insert_tokens"))
       .def("start", &PyEngine::start)
       .def("extend", &PyEngine::extend)
       .def("speculate", &PyEngine::speculate)
@@ -125,6 +139,7 @@ PYBIND11_MODULE(_native, m) {
       .def("finish", &PyEngine::finish)
       .def("abort", &PyEngine::abort)
       .def("reset", &PyEngine::reset)
+      .def("flush", &PyEngine::flush, "Insert every queued token now.")
       .def("stats", &PyEngine::stats)
       .def("_check", &PyEngine::check, "Invariants of every tree; '' when they hold (tests).")
       .def("_compact", &PyEngine::compact, "Rebuild the global tree now (tests).");

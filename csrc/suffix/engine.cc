@@ -2,12 +2,32 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <utility>
 
 namespace sse {
 
-Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), global_(cfg.max_depth) {}
+namespace {
+constexpr size_t kMaxReservedNodes = size_t{1} << 23;
+
+void append_tail(std::vector<int32_t>& out, const int32_t* t, size_t n, size_t keep) {
+  if (n >= keep) {
+    out.assign(t + n - keep, t + n);
+    return;
+  }
+  out.insert(out.end(), t, t + n);
+  if (out.size() > 2 * keep) out.erase(out.begin(), out.end() - keep);
+}
+}  // namespace
+
+Engine::Engine(const EngineConfig& cfg)
+    : cfg_(cfg), global_(cfg.max_depth), credit_(cfg.step_insert_tokens) {
+  if (cfg_.max_request_tokens < cfg_.max_depth) {
+    throw std::invalid_argument("max_request_tokens must be >= max_depth");
+  }
+  reset();
+}
 
 Engine::Request& Engine::get(int64_t h) {
   auto it = reqs_.find(h);
@@ -19,38 +39,117 @@ bool Engine::global_enabled() const {
   return cfg_.max_cached_requests > 0 && cfg_.max_cached_tokens > 0;
 }
 
+int64_t Engine::global_prompt_tokens() const {
+  if (!cfg_.cache_prompts) return 0;
+  return std::min(cfg_.global_prompt_cap, cfg_.max_cached_tokens / 2);
+}
+
 void Engine::start(int64_t h, const std::vector<int32_t>& prompt) {
   if (reqs_.count(h)) throw std::invalid_argument("request handle already active");
+  const size_t n = prompt.size();
   Request r;
   r.local = std::make_unique<SuffixTree>(cfg_.max_depth);
-  const int sid = r.local->add_sequence();
-  r.local->extend(sid, prompt.data(), prompt.size());
+  r.local->add_sequence();
+  const size_t keep_local = std::min(n, static_cast<size_t>(cfg_.max_request_tokens));
+  r.queue.tokens.assign(prompt.end() - keep_local, prompt.end());
+  append_tail(r.tail, prompt.data(), n, static_cast<size_t>(cfg_.max_depth));
   if (global_enabled()) {
     while (static_cast<int64_t>(cached_.size()) >= cfg_.max_cached_requests) evict_oldest();
     const int gsid = global_.add_sequence();
     r.guid = next_uid_++;
     fifo_.push_back(r.guid);
-    cached_.emplace(r.guid, Cached{gsid, h});
-    if (cfg_.cache_prompts) global_.extend(gsid, prompt.data(), prompt.size());
+    Cached c{gsid, h, Queue{}, false};
+    const size_t keep = std::min(n, static_cast<size_t>(global_prompt_tokens()));
+    c.queue.tokens.assign(prompt.end() - keep, prompt.end());
+    cached_.emplace(r.guid, std::move(c));
   }
+  work_.emplace_back(h, r.guid);
   reqs_.emplace(h, std::move(r));
+  advance();
+}
+
+void Engine::insert_local(Request& r, const int32_t* t, size_t n) {
+  SuffixTree& tree = *r.local;
+  tree.extend(0, t, n);
+  const int64_t size = static_cast<int64_t>(tree.tokens(0).size());
+  if (tree.live_size(0) > cfg_.max_request_tokens) tree.trim_front(0, size - cfg_.max_request_tokens);
+}
+
+// May evict `c` itself (the caller must not use it afterwards).
+void Engine::insert_global(Cached& c, const int32_t* t, size_t n) {
+  global_.extend(c.sid, t, n);
   enforce_token_bound();
 }
 
 void Engine::extend(int64_t h, const std::vector<int32_t>& tokens) {
   Request& r = get(h);
-  r.local->extend(0, tokens.data(), tokens.size());
-  if (r.guid >= 0) {
-    global_.extend(cached_.at(r.guid).sid, tokens.data(), tokens.size());
-    enforce_token_bound();
+  const size_t n = tokens.size();
+  append_tail(r.tail, tokens.data(), n, static_cast<size_t>(cfg_.max_depth));
+  if (!r.queue.empty()) {
+    r.queue.tokens.insert(r.queue.tokens.end(), tokens.begin(), tokens.end());
+  } else {
+    insert_local(r, tokens.data(), n);
   }
+  if (r.guid >= 0) {
+    Cached& c = cached_.at(r.guid);
+    if (!c.queue.empty()) {
+      c.queue.tokens.insert(c.queue.tokens.end(), tokens.begin(), tokens.end());
+    } else {
+      insert_global(c, tokens.data(), n);
+    }
+  }
+}
+
+// Queued tokens, oldest request first: its tree, then the global tree.
+void Engine::advance() {
+  while (!work_.empty()) {
+    const auto [h, uid] = work_.front();
+    auto rit = reqs_.find(h);
+    if (rit != reqs_.end() && !rit->second.queue.empty()) {
+      if (credit_ <= 0) return;
+      Queue& q = rit->second.queue;
+      const size_t k = std::min(q.left(), static_cast<size_t>(credit_));
+      insert_local(rit->second, q.tokens.data() + q.pos, k);
+      q.pos += k;
+      credit_ -= static_cast<int64_t>(k);
+      if (q.empty()) q = Queue{};
+      continue;
+    }
+    auto cit = uid >= 0 ? cached_.find(uid) : cached_.end();
+    if (cit != cached_.end() && !cit->second.queue.empty()) {
+      if (credit_ <= 0) return;
+      Cached& c = cit->second;
+      Queue& q = c.queue;
+      const size_t k = std::min(q.left(), static_cast<size_t>(credit_));
+      global_.extend(c.sid, q.tokens.data() + q.pos, k);
+      q.pos += k;
+      credit_ -= static_cast<int64_t>(k);
+      if (q.empty()) {
+        q = Queue{};
+        if (c.finished) global_.finish_sequence(c.sid);
+      }
+      enforce_token_bound();  // may evict uid
+      continue;
+    }
+    work_.pop_front();
+  }
+}
+
+void Engine::flush() {
+  credit_ = std::numeric_limits<int64_t>::max();
+  advance();
+  credit_ = cfg_.step_insert_tokens;
 }
 
 void Engine::finish(int64_t h) {
   Request& r = get(h);
   if (r.guid >= 0) {
     Cached& c = cached_.at(r.guid);
-    global_.finish_sequence(c.sid);
+    if (c.queue.empty()) {
+      global_.finish_sequence(c.sid);
+    } else {
+      c.finished = true;
+    }
     c.owner = -1;
   }
   reqs_.erase(h);
@@ -69,7 +168,13 @@ void Engine::reset() {
   reqs_.clear();
   cached_.clear();
   fifo_.clear();
+  work_.clear();
+  credit_ = cfg_.step_insert_tokens;
   global_ = SuffixTree(cfg_.max_depth);
+  if (global_enabled()) {
+    const int64_t want = 2 * cfg_.max_cached_tokens + 2;
+    global_.reserve_nodes(std::min(static_cast<size_t>(want), kMaxReservedNodes));
+  }
 }
 
 void Engine::evict_oldest() {
@@ -134,14 +239,20 @@ void Engine::best_in_tree(const SuffixTree& tree, int sid, const std::vector<int
   }
 }
 
-const Draft& Engine::speculate(int64_t h, int max_nodes) {
+const Draft& Engine::draft(int64_t h, int max_nodes) {
   Request& r = get(h);
-  const std::vector<int32_t>& hist = r.local->tokens(0);
-  best_in_tree(*r.local, 0, hist, max_nodes, 0.0, local_best_);
+  const std::vector<int32_t>& hist = r.tail;
+  // A tree that still waits for some of the request's tokens is matched by
+  // walking (sid -1): its tracked suffixes are not the history's suffixes.
+  best_in_tree(*r.local, r.queue.empty() ? 0 : -1, hist, max_nodes, 0.0, local_best_);
   global_best_.clear();
   if (global_enabled()) {
     // The global draft wins only with a strictly higher score.
-    const int sid = r.guid >= 0 ? cached_.at(r.guid).sid : -1;
+    int sid = -1;
+    if (r.guid >= 0) {
+      const Cached& c = cached_.at(r.guid);
+      if (c.queue.empty()) sid = c.sid;
+    }
     best_in_tree(global_, sid, hist, max_nodes, local_best_.score, global_best_);
   }
   return local_best_.score >= global_best_.score ? local_best_ : global_best_;
@@ -155,10 +266,18 @@ EngineStats Engine::stats() const {
   s.pinned_tokens = global_.pinned_tokens();
   s.global_nodes = global_.num_nodes() - 1;
   s.memory_bytes = global_.memory_bytes();
+  for (const auto& kv : cached_) {
+    s.pending_tokens += static_cast<int64_t>(kv.second.queue.left());
+    s.memory_bytes += static_cast<int64_t>(kv.second.queue.tokens.capacity() * sizeof(int32_t));
+  }
   for (const auto& kv : reqs_) {
-    s.local_nodes += kv.second.local->num_nodes() - 1;
-    s.local_tokens += kv.second.local->live_tokens();
-    s.memory_bytes += kv.second.local->memory_bytes();
+    const Request& r = kv.second;
+    s.local_nodes += r.local->num_nodes() - 1;
+    s.local_tokens += r.local->live_tokens();
+    s.pending_tokens += static_cast<int64_t>(r.queue.left());
+    s.memory_bytes += r.local->memory_bytes() + static_cast<int64_t>(sizeof(SuffixTree)) +
+                      static_cast<int64_t>((r.queue.tokens.capacity() + r.tail.capacity()) *
+                                           sizeof(int32_t));
   }
   return s;
 }

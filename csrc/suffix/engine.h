@@ -1,6 +1,15 @@
 // The suffix drafter's state: one global tree over cached requests (bounded,
 // oldest evicted first) and one tree per in-flight request. Requests are named
 // by integer handles chosen by the caller (the Python front end).
+//
+// Bounded work per step: a prompt is not inserted at once. start() queues the
+// last max_request_tokens prompt tokens for the request's tree and the last
+// min(global_prompt_cap, max_cached_tokens / 2) for the global tree; queued
+// tokens are inserted oldest request first, at most step_insert_tokens per step
+// (a step ends with each speculate call; start() may use what the step has
+// left). While a tree still has queued tokens of a request, that request
+// drafts from what the tree holds so far (matched by walking, not tracking).
+// Output tokens that arrive while a queue is not empty join its end.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "draft.h"
@@ -24,6 +34,9 @@ struct EngineConfig {
   int64_t max_cached_tokens = 4000000;
   bool cache_prompts = true;
   bool use_tree = true;
+  int64_t max_request_tokens = 65536;  // per-request tree: the most recent tokens (>= max_depth)
+  int64_t global_prompt_cap = 65536;   // prompt tokens (the last ones) entering the global tree
+  int64_t step_insert_tokens = 4096;   // queued tokens inserted per step, both trees together
 };
 
 struct EngineStats {
@@ -34,6 +47,7 @@ struct EngineStats {
   int64_t global_nodes;
   int64_t local_nodes;
   int64_t local_tokens;
+  int64_t pending_tokens;
   int64_t memory_bytes;
 };
 
@@ -44,8 +58,19 @@ class Engine {
   bool has(int64_t h) const { return reqs_.count(h) != 0; }
   void start(int64_t h, const std::vector<int32_t>& prompt);
   void extend(int64_t h, const std::vector<int32_t>& tokens);
+  // One step: begin_step() inserts queued tokens (up to what the step has
+  // left), draft() per request, end_step() grants the next step its budget.
+  void begin_step() { advance(); }
   // The returned draft stays valid until the next call.
-  const Draft& speculate(int64_t h, int max_nodes);
+  const Draft& draft(int64_t h, int max_nodes);
+  void end_step() { credit_ = cfg_.step_insert_tokens; }
+  const Draft& speculate(int64_t h, int max_nodes) {
+    begin_step();
+    const Draft& d = draft(h, max_nodes);
+    end_step();
+    return d;
+  }
+  void flush();  // inserts every queued token now (tests, tools)
   void finish(int64_t h);
   void abort(int64_t h);
   void reset();
@@ -54,17 +79,32 @@ class Engine {
   void compact() { global_.compact(); }
 
  private:
+  // Tokens waiting to enter a tree, in order.
+  struct Queue {
+    std::vector<int32_t> tokens;
+    size_t pos = 0;
+    bool empty() const { return pos >= tokens.size(); }
+    size_t left() const { return tokens.size() - pos; }
+  };
   struct Request {
-    std::unique_ptr<SuffixTree> local;  // sequence 0: prompt + output
+    std::unique_ptr<SuffixTree> local;  // sequence 0: prompt tail + output (a window)
     int64_t guid = -1;                  // its sequence in the global tree, -1 if none
+    Queue queue;                        // not yet in `local`
+    std::vector<int32_t> tail;          // the last max_depth..2*max_depth tokens seen
   };
   struct Cached {
     int sid;
     int64_t owner;  // handle of the in-flight request, -1 once finished
+    Queue queue;    // not yet in the global tree
+    bool finished = false;  // finish the sequence once the queue drains
   };
 
   Request& get(int64_t h);
   bool global_enabled() const;
+  int64_t global_prompt_tokens() const;
+  void insert_local(Request& r, const int32_t* t, size_t n);
+  void insert_global(Cached& c, const int32_t* t, size_t n);
+  void advance();
   void evict_oldest();
   void enforce_token_bound();
   int budget(int match_len, int max_nodes) const;
@@ -76,6 +116,8 @@ class Engine {
   std::unordered_map<int64_t, Request> reqs_;
   std::unordered_map<int64_t, Cached> cached_;  // by global uid
   std::deque<int64_t> fifo_;                    // uids, oldest first (stale ones skipped)
+  std::deque<std::pair<int64_t, int64_t>> work_;  // (handle, uid) with queued tokens, by start
+  int64_t credit_ = 0;                          // tokens the current step may still insert
   int64_t next_uid_ = 0;
   Grower grower_;
   Draft local_best_, global_best_, scratch_;

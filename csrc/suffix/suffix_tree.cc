@@ -20,6 +20,7 @@ int SuffixTree::add_sequence() {
   Seq& s = seqs_[sid];
   s.tokens.clear();
   s.active.assign(1, 0);
+  s.first = 0;
   s.refs = 0;
   s.live = true;
   s.used = true;
@@ -91,16 +92,39 @@ void SuffixTree::next_tokens(Pos p, double prob, double min_prob, int limit,
   if (static_cast<int>(out.size()) > limit) out.resize(limit);
 }
 
-// Estimate: child arrays are counted at one entry per node (their exact
-// capacities would need a walk over all nodes).
 int64_t SuffixTree::memory_bytes() const {
-  int64_t total = static_cast<int64_t>(nodes_.capacity() * sizeof(Node));
-  total += num_nodes() * static_cast<int64_t>(sizeof(Child));
+  // Node slots in use or free (the high-water mark); reserved address space
+  // beyond it is never touched and holds no memory.
+  int64_t total = static_cast<int64_t>(nodes_.size() * sizeof(Node) +
+                                       free_.capacity() * sizeof(int32_t));
+  total += child_bytes_;
   total += static_cast<int64_t>(index_.memory_bytes());
+  total += static_cast<int64_t>(seqs_.capacity() * sizeof(Seq));
   for (const Seq& s : seqs_) {
     total += static_cast<int64_t>((s.tokens.capacity() + s.active.capacity()) * sizeof(int32_t));
   }
   return total;
+}
+
+namespace {
+// Heap bytes of a child array of `cap` entries: glibc malloc rounds a request
+// plus its 8-byte header up to 16 bytes, with a 32-byte minimum chunk.
+int64_t child_alloc_bytes(size_t cap) {
+  if (cap == 0) return 0;
+  const size_t raw = (cap * sizeof(Child) + 8 + 15) & ~static_cast<size_t>(15);
+  return static_cast<int64_t>(raw < 32 ? 32 : raw);
+}
+}  // namespace
+
+void SuffixTree::account_children(size_t old_cap, size_t new_cap) {
+  if (old_cap != new_cap) child_bytes_ += child_alloc_bytes(new_cap) - child_alloc_bytes(old_cap);
+}
+
+void SuffixTree::push_child(int32_t parent, Child c) {
+  std::vector<Child>& ch = nodes_[parent].children;
+  const size_t cap = ch.capacity();
+  ch.push_back(c);
+  account_children(cap, ch.capacity());
 }
 
 // ---------------------------------------------------------------- insertion
@@ -185,7 +209,7 @@ int32_t SuffixTree::step(int32_t x, int32_t t, int sid, int32_t end) {
   lower.ref_idx += 1;
   lower.length -= 1;
   lower.token = token_at(lower, 0);
-  un.children.push_back(Child{lower.token, c});
+  push_child(u, Child{lower.token, c});
   set_child(x, un.slot, t, u);
   inc_count(u);
   return u;
@@ -223,6 +247,7 @@ void SuffixTree::free_node(int32_t n) {
   nn.endings = 0;
   nn.parent = -1;
   assert(!nn.indexed);
+  account_children(nn.children.capacity(), 0);
   std::vector<Child>().swap(nn.children);
   free_.push_back(n);
   release_ref(sid);
@@ -252,7 +277,7 @@ void SuffixTree::add_child(int32_t parent, int32_t c) {
   Node& pn = nodes_[parent];
   const int32_t token = nodes_[c].token;
   nodes_[c].slot = static_cast<int32_t>(pn.children.size());
-  pn.children.push_back(Child{token, c});
+  push_child(parent, Child{token, c});
   if (pn.indexed) {
     index_.put(ChildMap::key(parent, token), c);
   } else if (pn.children.size() > kIndexAbove) {

@@ -13,9 +13,16 @@
 // sequence extends its at most max_depth "active" strings, each in O(1) expected
 // time, so the tree also hands out, for free, the node of every suffix of every
 // growing sequence (used for matching). Removing a sequence removes all of its
-// strings; a removed sequence whose tokens are still referenced by a node stays
-// pinned (tokens only) until no node refers to it, and the tree rebuilds itself
-// when pinned tokens or free nodes grow large, so memory follows the content.
+// strings. Nodes that still refer to a removed sequence are re-pointed: to an
+// occurrence below them (a child's reference), or else to a copy of their path
+// string (at most max_depth tokens each) in a small "fragment" sequence, so a
+// removed sequence never stays pinned whole and the tree never needs a
+// stop-the-world rebuild. Freed node slots are reused (a free list), so the
+// node array stays at its high-water mark, itself bounded by the token bound:
+// a tree over n live tokens has fewer than 2n nodes (every leaf and every
+// one-child node ends an inserted string, at most one per token; branching
+// nodes are fewer than leaves). A live sequence can also drop its oldest
+// strings (trim_front: a sliding window, for the per-request trees).
 #pragma once
 
 #include <cstddef>
@@ -66,6 +73,7 @@ class SuffixTree {
   // index; they leave it again below kUnindexBelow (hysteresis).
   static constexpr size_t kIndexAbove = 12;
   static constexpr size_t kUnindexBelow = 6;
+  static constexpr size_t kNodeBytes = sizeof(Node);
 
   explicit SuffixTree(int max_depth);
 
@@ -76,6 +84,14 @@ class SuffixTree {
   void extend(int sid, const int32_t* tokens, size_t n);
   void finish_sequence(int sid);  // no more tokens: drop its active strings
   void remove_sequence(int sid);  // removes all of its strings
+  // Removes the strings starting before `first` (a sliding window over a live
+  // sequence); needs first <= size - max_depth (only complete strings go).
+  // The tokens stay readable (nodes may refer to them; 4 bytes each).
+  void trim_front(int sid, int64_t first);
+  int64_t window_start(int sid) const { return seqs_[sid].first; }
+  int64_t live_size(int sid) const {
+    return static_cast<int64_t>(seqs_[sid].tokens.size()) - seqs_[sid].first;
+  }
   const std::vector<int32_t>& tokens(int sid) const { return seqs_[sid].tokens; }
   // Number of suffixes of `sid` whose node is known (0 once finished).
   int tracked(int sid) const;
@@ -96,18 +112,25 @@ class SuffixTree {
   int64_t pinned_tokens() const { return pinned_tokens_; }
   int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size() - free_.size()); }
   int64_t num_sequences() const { return num_live_; }
+  // Bytes held: node array (up to its high-water mark), child arrays (glibc malloc chunk
+  // sizes, tracked as they change), the child hash index and token arrays.
   int64_t memory_bytes() const;
+  // Reserve address space for n nodes (pages are touched only when used), so
+  // growing the node array never copies it.
+  void reserve_nodes(size_t n) { nodes_.reserve(n); }
 
   // Structural invariants (counts, compaction, child order and index, edge
   // references); returns "" when they hold. For tests: walks the whole tree.
   std::string check() const;
-  // Rebuilds from the live sequences now (normally automatic; for tests).
+  // Rebuilds from the live sequences now (tests and tools only: nothing calls
+  // it on the serving path).
   void compact() { rebuild(); }
 
  private:
   struct Seq {
     std::vector<int32_t> tokens;
     std::vector<int32_t> active;  // active[j]: node of the suffix of length j (j=0: root)
+    int64_t first = 0;            // strings starting before this index were trimmed
     int32_t refs = 0;             // nodes referring to these tokens
     bool live = false;            // stored (not removed)
     bool used = false;            // slot taken (live or pinned)
@@ -140,7 +163,9 @@ class SuffixTree {
   void dec_count(int32_t n);
   void merge_into_child(int32_t x);
   void remove_string(const int32_t* s, int len);
-  void maybe_compact();
+  void repoint_refs(int sid);
+  void push_child(int32_t parent, Child c);
+  void account_children(size_t old_cap, size_t new_cap);
   void rebuild();
 
   int max_depth_;
@@ -152,7 +177,9 @@ class SuffixTree {
   int64_t live_tokens_ = 0;
   int64_t pinned_tokens_ = 0;
   int64_t num_live_ = 0;
+  int64_t child_bytes_ = 0;    // heap bytes of all child arrays
   std::vector<int32_t> path_;  // scratch for remove_string
+  std::vector<int32_t> touched_;  // nodes that may refer to a sequence being removed
 };
 
 }  // namespace sse

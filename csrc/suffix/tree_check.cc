@@ -59,7 +59,7 @@ std::string SuffixTree::check() const {
   if (index_.size() != indexed_children) return "child index size mismatch";
   int64_t live = 0, pinned = 0;
   for (const Seq& s : seqs_) {
-    if (s.live) live += static_cast<int64_t>(s.tokens.size());
+    if (s.live) live += static_cast<int64_t>(s.tokens.size()) - s.first;
     else if (s.used) pinned += static_cast<int64_t>(s.tokens.size());
   }
   if (live != live_tokens_ || pinned != pinned_tokens_) return "token accounting mismatch";

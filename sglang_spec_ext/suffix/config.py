@@ -6,10 +6,16 @@ import math
 from dataclasses import dataclass, fields
 
 # (lower, upper) inclusive bounds; anything outside is a configuration mistake.
+#: Largest token bound of one tree: the native core's node ids, counts and
+#: token offsets are 32-bit, and a tree over n tokens has fewer than 2n nodes.
+MAX_TREE_TOKENS = 1 << 28
 _INT_RANGES: dict[str, tuple[int, int]] = {
     "max_depth": (1, 1024),
     "max_cached_requests": (0, 10_000_000),
-    "max_cached_tokens": (0, 1 << 30),
+    "max_cached_tokens": (0, MAX_TREE_TOKENS),
+    "max_request_tokens": (1, MAX_TREE_TOKENS),
+    "global_prompt_cap": (0, MAX_TREE_TOKENS),
+    "step_insert_tokens": (1, 1 << 30),
 }
 _FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "max_spec_factor": (0.0, 1024.0),
@@ -34,6 +40,16 @@ class SuffixConfig:
         disables the global tree.
     cache_prompts: whether prompts enter the global tree (outputs always do).
     use_tree: draft a tree (True) or a single chain (False).
+    max_request_tokens: bound of each per-request tree: it holds the request's
+        most recent max_request_tokens tokens (a sliding window; the oldest
+        strings leave as new tokens arrive). At least max_depth.
+    global_prompt_cap: only the last min(global_prompt_cap, max_cached_tokens // 2)
+        prompt tokens of a request enter the global tree, so one long prompt
+        never evicts the whole cache.
+    step_insert_tokens: prompt tokens are inserted incrementally: at most this
+        many queued tokens (both trees together) per step, a step ending with
+        each speculate / speculate_batch call. Until a request's tokens are all
+        in a tree, it drafts from what that tree holds so far.
     """
 
     max_depth: int = 64
@@ -44,6 +60,9 @@ class SuffixConfig:
     max_cached_tokens: int = 4_000_000
     cache_prompts: bool = True  # whether prompts enter the global tree
     use_tree: bool = True
+    max_request_tokens: int = 65536
+    global_prompt_cap: int = 65536
+    step_insert_tokens: int = 4096
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in _INT_RANGES.items():
@@ -66,11 +85,23 @@ class SuffixConfig:
                 raise ValueError(
                     f"SuffixConfig.{name}={value!r} is invalid: expected True or False"
                 )
+        if self.max_request_tokens < self.max_depth:
+            raise ValueError(
+                f"SuffixConfig.max_request_tokens={self.max_request_tokens!r} is invalid: "
+                f"expected an int >= max_depth ({self.max_depth})"
+            )
 
     @property
     def global_enabled(self) -> bool:
         """Whether the global tree (shared across requests) is in use."""
         return self.max_cached_requests > 0 and self.max_cached_tokens > 0
+
+    @property
+    def global_prompt_tokens(self) -> int:
+        """How many prompt tokens (the last ones) of a request enter the global tree."""
+        if not self.cache_prompts:
+            return 0
+        return min(self.global_prompt_cap, self.max_cached_tokens // 2)
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -69,6 +69,9 @@ class SuffixDrafter:
             c.max_cached_tokens,
             c.cache_prompts,
             c.use_tree,
+            c.max_request_tokens,
+            c.global_prompt_cap,
+            c.step_insert_tokens,
         )
 
     def _handle(self, req_id: Hashable) -> int:
@@ -104,12 +107,19 @@ class SuffixDrafter:
         self._engine.extend(self._handle(req_id), _as_tokens(tokens))
 
     def speculate(self, req_id: str, max_nodes: int) -> DraftTree:
-        """Draft at most `max_nodes` tokens below the request's last committed token."""
+        """Draft at most `max_nodes` tokens below the request's last committed token.
+
+        Like ``speculate_batch``, first inserts queued prompt tokens (at most
+        ``config.step_insert_tokens``; see SuffixConfig) and ends the step."""
         self._check_max_nodes(max_nodes)
         return DraftTree(*self._engine.speculate(self._handle(req_id), max_nodes))
 
     def speculate_batch(self, req_ids: Sequence[str], max_nodes: int) -> list[DraftTree]:
-        """`speculate` for several requests in one call."""
+        """`speculate` for several requests in one call: one step.
+
+        The step's bounded insertion work (queued prompt tokens, oldest request
+        first, at most ``config.step_insert_tokens`` tokens) runs first, so a
+        long prompt is spread over several steps instead of stalling one."""
         self._check_max_nodes(max_nodes)
         handles = [self._handle(r) for r in req_ids]
         return [DraftTree(*d) for d in self._engine.speculate_batch(handles, max_nodes)]
@@ -124,9 +134,17 @@ class SuffixDrafter:
         self._engine.abort(self._handle(req_id))
         del self._handles[req_id]
 
+    def flush(self) -> None:
+        """Insert every queued prompt token now (unbounded work: tests and tools)."""
+        self._engine.flush()
+
     def stats(self) -> dict:
-        """Sizes: active_requests, cached_requests, cached_tokens, global_nodes,
-        local_nodes, local_tokens, pinned_tokens, memory_bytes (native only), backend."""
+        """Sizes: active_requests, cached_requests, cached_tokens (global tree),
+        global_nodes, local_nodes, local_tokens (per-request trees), pinned_tokens
+        (removed tokens still referenced), pending_tokens (queued, not yet
+        inserted), memory_bytes (bytes held by the native core: node and child
+        arrays, hash index, token arrays and queues; 0 for the python
+        backend), backend."""
         out = dict(self._engine.stats())
         out["backend"] = self.backend
         return out

@@ -16,6 +16,14 @@ Speculation for a request with history h, in each tree (the request's own, and
 the global one): for every match length m (longest first) with h[-m:] present,
 grow a draft of at most budget(m) nodes from h[-m:] and keep the best score
 (a shorter match must score strictly higher). The request's own tree wins ties.
+
+Bounds and incremental insertion (SuffixConfig documents them): the request's
+tree holds its last max_request_tokens tokens (older strings are removed as
+tokens arrive); the global tree gets the last ``global_prompt_tokens`` prompt
+tokens; prompt tokens wait in per-tree queues and are inserted oldest request
+first, at most step_insert_tokens per step (a step ends with each speculate
+call; start uses what the step has left); output tokens of a request whose
+queue is not empty join the queue.
 """
 
 from __future__ import annotations
@@ -41,10 +49,11 @@ def check_tokens(tokens: Iterable[int]) -> list[int]:
 
 
 class _Seq:
-    __slots__ = ("tokens", "active")
+    __slots__ = ("tokens", "active", "first")
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
+        self.first = 0  # strings starting before this index were trimmed
         # active[j]: node of the suffix of length j (active[0] is the root);
         # None once the sequence is finished.
         self.active: list[int] | None = [ROOT]
@@ -110,22 +119,38 @@ class SuffixTrie:
         self.seqs[sid].active = None
 
     def remove(self, sid: int) -> None:
-        toks = self.seqs.pop(sid).tokens
-        self.num_tokens -= len(toks)
-        for i in range(len(toks)):
-            self.count[ROOT] -= 1
-            string = toks[i : i + self.max_depth]
-            node = ROOT
-            for depth, t in enumerate(string, start=1):
-                child = self.children[node][t]
-                self.count[child] -= 1
-                if self.count[child] == 0:  # the rest of the path held only this string
-                    del self.children[node][t]
-                    self._free_path(child, string[depth:])
-                    break
-                node = child
-            else:
-                self.endings[node] -= 1
+        seq = self.seqs.pop(sid)
+        toks = seq.tokens
+        self.num_tokens -= len(toks) - seq.first
+        for i in range(seq.first, len(toks)):
+            self._remove_string(toks[i : i + self.max_depth])
+
+    def trim(self, sid: int, first: int) -> None:
+        """Remove the strings starting before `first` (complete ones only)."""
+        seq = self.seqs[sid]
+        assert first <= len(seq.tokens) - self.max_depth
+        for i in range(seq.first, first):
+            self._remove_string(seq.tokens[i : i + self.max_depth])
+        if first > seq.first:
+            self.num_tokens -= first - seq.first
+            seq.first = first
+
+    def live_size(self, sid: int) -> int:
+        seq = self.seqs[sid]
+        return len(seq.tokens) - seq.first
+
+    def _remove_string(self, string: list[int]) -> None:
+        self.count[ROOT] -= 1
+        node = ROOT
+        for depth, t in enumerate(string, start=1):
+            child = self.children[node][t]
+            self.count[child] -= 1
+            if self.count[child] == 0:  # the rest of the path held only this string
+                del self.children[node][t]
+                self._free_path(child, string[depth:])
+                return
+            node = child
+        self.endings[node] -= 1
 
     def _free_path(self, node: int, rest: list[int]) -> None:
         for t in [*rest, None]:
@@ -253,6 +278,19 @@ def best_in_trie(
     return best
 
 
+class _Queue:
+    """Tokens waiting to enter a tree, in order."""
+
+    __slots__ = ("tokens", "pos")
+
+    def __init__(self, tokens: list[int] | None = None) -> None:
+        self.tokens = tokens or []
+        self.pos = 0
+
+    def left(self) -> int:
+        return len(self.tokens) - self.pos
+
+
 class ReferenceEngine:
     """Requests by integer handle; same methods and results as ``_native.Engine``."""
 
@@ -264,67 +302,147 @@ class ReferenceEngine:
     def reset(self) -> None:
         self.glob = SuffixTrie(self.cfg.max_depth)
         self.local: dict[int, SuffixTrie] = {}
+        self.local_queue: dict[int, _Queue] = {}
+        self.tail: dict[int, list[int]] = {}  # the last tokens of each request
         self.guid: dict[int, int | None] = {}  # handle -> its global sequence id
         self.cached: OrderedDict[int, int | None] = OrderedDict()  # uid -> owner, oldest first
+        self.global_queue: dict[int, _Queue] = {}  # uid -> tokens not yet in the global tree
+        self.finish_pending: set[int] = set()  # finished uids whose queue is not empty
+        self.work: list[tuple[int, int | None]] = []  # (handle, uid), by start
         self.next_uid = 0
+        self.credit = self.cfg.step_insert_tokens
 
     def start(self, h: int, prompt: Iterable[int]) -> None:
         if h in self.local:
             raise ValueError("request handle already active")
         prompt = check_tokens(prompt)
-        trie = SuffixTrie(self.cfg.max_depth)
+        cfg = self.cfg
+        trie = SuffixTrie(cfg.max_depth)
         trie.add(0)
-        trie.extend(0, prompt)
         self.local[h] = trie
+        self.local_queue[h] = _Queue(
+            prompt[len(prompt) - min(len(prompt), cfg.max_request_tokens) :]
+        )
+        self.tail[h] = prompt[-cfg.max_depth :]
         self.guid[h] = None
-        if self.cfg.global_enabled:
-            while len(self.cached) >= self.cfg.max_cached_requests:
+        if cfg.global_enabled:
+            while len(self.cached) >= cfg.max_cached_requests:
                 self._evict_oldest()
             uid = self.guid[h] = self.next_uid
             self.next_uid += 1
             self.cached[uid] = h
             self.glob.add(uid)
-            if self.cfg.cache_prompts:
-                self.glob.extend(uid, prompt)
+            keep = min(len(prompt), cfg.global_prompt_tokens)
+            self.global_queue[uid] = _Queue(prompt[len(prompt) - keep :])
+        self.work.append((h, self.guid[h]))
+        self._advance()
+
+    def _insert_local(self, h: int, tokens: list[int]) -> None:
+        trie = self.local[h]
+        trie.extend(0, tokens)
+        if trie.live_size(0) > self.cfg.max_request_tokens:
+            trie.trim(0, len(trie.seqs[0].tokens) - self.cfg.max_request_tokens)
+
+    def _insert_global(self, uid: int, tokens: list[int]) -> None:
+        self.glob.extend(uid, tokens)
         self._enforce_token_bound()
 
     def extend(self, h: int, tokens: Iterable[int]) -> None:
         tokens = check_tokens(tokens)
-        self.local[h].extend(0, tokens)
+        if h not in self.local:
+            raise KeyError(h)
+        self.tail[h] = (self.tail[h] + tokens)[-self.cfg.max_depth :]
+        q = self.local_queue[h]
+        if q.left():
+            q.tokens += tokens
+        else:
+            self._insert_local(h, tokens)
         uid = self.guid[h]
         if uid is not None:
-            self.glob.extend(uid, tokens)
-            self._enforce_token_bound()
+            gq = self.global_queue[uid]
+            if gq.left():
+                gq.tokens += tokens
+            else:
+                self._insert_global(uid, tokens)
 
-    def speculate(self, h: int, max_nodes: int) -> DraftTuple:
+    def _advance(self) -> None:
+        while self.work:
+            h, uid = self.work[0]
+            q = self.local_queue.get(h)
+            if q is not None and q.left():
+                if self.credit <= 0:
+                    return
+                k = min(q.left(), self.credit)
+                self._insert_local(h, q.tokens[q.pos : q.pos + k])
+                q.pos += k
+                self.credit -= k
+                continue
+            gq = self.global_queue.get(uid) if uid is not None else None
+            if gq is not None and gq.left():
+                if self.credit <= 0:
+                    return
+                k = min(gq.left(), self.credit)
+                self.glob.extend(uid, gq.tokens[gq.pos : gq.pos + k])
+                gq.pos += k
+                self.credit -= k
+                if not gq.left() and uid in self.finish_pending:
+                    self.finish_pending.discard(uid)
+                    self.glob.finish(uid)
+                self._enforce_token_bound()
+                continue
+            self.work.pop(0)
+
+    def flush(self) -> None:
+        self.credit = math.inf
+        self._advance()
+        self.credit = self.cfg.step_insert_tokens
+
+    def _draft(self, h: int, max_nodes: int) -> DraftTuple:
         trie = self.local[h]
-        hist = trie.seqs[0].tokens
-        local = best_in_trie(trie, 0, hist, max_nodes, self.cfg, self.exhaustive)
+        hist = self.tail[h]
+        sid = 0 if not self.local_queue[h].left() else None
+        local = best_in_trie(trie, sid, hist, max_nodes, self.cfg, self.exhaustive)
         if not self.cfg.global_enabled:
             return local
-        glob = best_in_trie(self.glob, self.guid[h], hist, max_nodes, self.cfg, self.exhaustive)
+        uid = self.guid[h]
+        gsid = uid if uid is not None and not self.global_queue[uid].left() else None
+        glob = best_in_trie(self.glob, gsid, hist, max_nodes, self.cfg, self.exhaustive)
         return local if local[3] >= glob[3] else glob
 
+    def speculate(self, h: int, max_nodes: int) -> DraftTuple:
+        return self.speculate_batch([h], max_nodes)[0]
+
     def speculate_batch(self, hs: Iterable[int], max_nodes: int) -> list[DraftTuple]:
-        return [self.speculate(h, max_nodes) for h in hs]
+        self._advance()
+        out = [self._draft(h, max_nodes) for h in hs]
+        self.credit = self.cfg.step_insert_tokens
+        return out
 
     def finish(self, h: int) -> None:
-        del self.local[h]
+        del self.local[h], self.local_queue[h], self.tail[h]
         uid = self.guid.pop(h)
         if uid is not None:
-            self.glob.finish(uid)
+            if self.global_queue[uid].left():
+                self.finish_pending.add(uid)
+            else:
+                self.glob.finish(uid)
             self.cached[uid] = None
 
     def abort(self, h: int) -> None:
-        del self.local[h]
+        del self.local[h], self.local_queue[h], self.tail[h]
         uid = self.guid.pop(h)
         if uid is not None:
-            self.glob.remove(uid)
+            self._drop(uid)
             del self.cached[uid]
+
+    def _drop(self, uid: int) -> None:
+        self.glob.remove(uid)
+        del self.global_queue[uid]
+        self.finish_pending.discard(uid)
 
     def _evict_oldest(self) -> None:
         uid, owner = self.cached.popitem(last=False)
-        self.glob.remove(uid)
+        self._drop(uid)
         if owner is not None:
             self.guid[owner] = None
 
@@ -333,6 +451,8 @@ class ReferenceEngine:
             self._evict_oldest()
 
     def stats(self) -> dict:
+        pending = sum(q.left() for q in self.local_queue.values())
+        pending += sum(q.left() for q in self.global_queue.values())
         return {
             "active_requests": len(self.local),
             "cached_requests": len(self.cached),
@@ -341,5 +461,6 @@ class ReferenceEngine:
             "global_nodes": self.glob.num_nodes,
             "local_nodes": sum(t.num_nodes for t in self.local.values()),
             "local_tokens": sum(t.num_tokens for t in self.local.values()),
+            "pending_tokens": pending,
             "memory_bytes": 0,
         }

@@ -20,9 +20,31 @@ from sglang_spec_ext.suffix.reference import ReferenceEngine
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native backend not built")
 
-configs = st.builds(
+
+@st.composite
+def configs(draw):
+    """Varied settings, with small per-request windows, prompt caps and step
+    budgets so that incremental insertion, window trimming and queued output
+    tokens all happen within short programs."""
+    depth = draw(st.integers(1, 10))
+    return draw(
+        base_configs.map(
+            lambda c: SuffixConfig(
+                **{
+                    **c.as_dict(),
+                    "max_depth": depth,
+                    "max_request_tokens": depth + draw(st.sampled_from([0, 3, 12, 10**6])),
+                    "global_prompt_cap": draw(st.sampled_from([0, 5, 10**6])),
+                    "step_insert_tokens": draw(st.sampled_from([1, 4, 17, 4096])),
+                }
+            )
+        )
+    )
+
+
+base_configs = st.builds(
     SuffixConfig,
-    max_depth=st.integers(1, 10),
+    max_depth=st.just(1),
     max_spec_factor=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
     max_spec_offset=st.sampled_from([-1.0, 0.0, 1.0, 2.5]),
     min_token_prob=st.sampled_from([0.0, 0.1, 0.3, 0.6, 1.0]),
@@ -42,6 +64,8 @@ ops = st.lists(
         st.tuples(st.just("finish"), st.just(0)),
         st.tuples(st.just("abort"), st.just(0)),
         st.tuples(st.just("compact"), st.just(0)),
+        st.tuples(st.just("batch"), st.integers(0, 9)),
+        st.tuples(st.just("flush"), st.just(0)),
     ),
     min_size=20,
     max_size=150,
@@ -95,15 +119,25 @@ def run_program(cfg: SuffixConfig, vocab: int, program, seed: int) -> None:
             for d in drafters:
                 getattr(d, f"{op}_request")(rid)
             active.remove(rid)
+        elif op == "batch":
+            rids = active[: 1 + arg % 4]
+            a, b, c = (d.speculate_batch(rids, arg) for d in drafters)
+            for x, y, z in zip(a, b, c, strict=True):
+                assert same(x, y), (cfg, x, y)
+                assert same(y, z), ("shortcut changed the result", cfg, y, z)
+        elif op == "flush":
+            for d in drafters:
+                d.flush()
         elif op == "compact":
             native._engine._compact()
         assert native._engine._check() == ""
-        keys = ("active_requests", "cached_requests", "cached_tokens")
+        keys = ("active_requests", "cached_requests", "cached_tokens", "local_tokens")
+        keys += ("pending_tokens",)
         assert [native.stats()[k] for k in keys] == [ref.stats()[k] for k in keys]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cfg=configs, vocab=st.sampled_from([2, 3, 5, 40]), program=ops, seed=st.integers(0, 2**16))
+@given(cfg=configs(), vocab=st.sampled_from([2, 3, 5, 40]), program=ops, seed=st.integers(0, 2**16))
 def test_native_matches_reference(cfg, vocab, program, seed):
     run_program(cfg, vocab, program, seed)
 
@@ -118,11 +152,13 @@ def test_native_matches_reference_on_long_streams(seed):
         max_cached_tokens=rng.choice([300, 5000]),
         max_spec_offset=rng.choice([0.0, 2.0]),
         use_tree=seed % 2 == 0,
+        max_request_tokens=rng.choice([40, 10**6]),
+        step_insert_tokens=rng.choice([7, 4096]),
     )
     program = [
         (
             rng.choice(["extend", "copy", "copy", "spec", "spec", "start", "finish", "abort"]),
-            rng.randrange(1, 9),
+            rng.randrange(1, 9) if rng.random() < 0.9 else 60,
         )
         for _ in range(600)
     ]
