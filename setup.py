@@ -1,8 +1,13 @@
 """Build script: only the optional native suffix-tree core lives here.
 
 Metadata is in pyproject.toml. The native extension is optional: when it cannot
-be compiled, the package falls back to the pure-Python reference drafter and
-`sglang-spec-ext doctor` says so. Set SGLANG_SPEC_EXT_NO_NATIVE=1 to skip it.
+be compiled, the package falls back to the pure-Python reference drafter (25-50x
+slower), the server warns at start-up and `sglang-spec-ext doctor` fails unless
+SGLANG_SPEC_EXT_BACKEND=python is chosen explicitly. Set SGLANG_SPEC_EXT_NO_NATIVE=1
+to skip the build on purpose; it is a build-time variable, listed in
+sglang_spec_ext.config.BUILD_TIME_ENV so that a server started with it still set
+accepts and ignores it. Every SGLANG_SPEC_EXT_* variable read here must be listed
+there (tests/unit/test_build_env.py checks this).
 """
 
 import os

@@ -18,7 +18,19 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && python -c "import sglan
   echo "[setup] environment $VENV is up to date"
   exit 0
 fi
-pipq() { python -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v -e "is ignored" -e "^ERROR: pip's dependency resolver" -e "^sglang .* requires" -e "incompatible\.$" || true; }
+# pip quietly, without the resolver's noise about sglang's GPU-only dependencies
+# (installed --no-deps on purpose); a failed install stops the script (pipefail: the
+# status is pip's, not the filter's).
+pipq() {
+  local rc=0
+  python -m pip install -q --disable-pip-version-check "$@" 2>&1 \
+    | { grep -v -e "is ignored" -e "^ERROR: pip's dependency resolver" -e "^sglang .* requires" -e "incompatible\.$" || true; } \
+    || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "[setup] FAILED (exit $rc): pip install $*; see pip's output above" >&2
+    exit "$rc"
+  fi
+}
 echo "[setup] torch 2.13.0 (CPU build)"
 pipq torch==2.13.0
 echo "[setup] host dependencies (pure Python / CPU wheels)"

@@ -12,13 +12,18 @@ How widths switch without touching the host:
   ``_init_preallocated_tensors`` and swapped in before the step;
 * the step's result reports its width (``speculative_num_draft_tokens``), so
   the scheduler's output processing and its metrics use the width really used;
-* under overlap scheduling the relayed accepted tokens are padded to the
-  startup width, which is what the host's future map is sized for.
+* under overlap scheduling the relayed accepted tokens are always at the
+  startup width, which is what the host's future map is sized for: decode
+  steps pad their relay, and prefill (extend) batches, whose relay the host
+  builds at ``draft_token_num``, always run at the startup width
+  (tests/host/test_overlap_relay.py drives this against the host's FutureMap).
 
 Feedback: the accepted drafts per request of a step are read at the next
 decode step (so no extra device sync); the step time fed to the cost model is
 the wall time between two consecutive decode steps of the same batch size,
-which is what bounds decode throughput. CUDA-graph runners are captured for
+which is what bounds decode throughput. With ``--tp-size`` > 1 the first TP
+rank's choice is broadcast to the others (:class:`TpWidthSync`), so all ranks
+verify the same shape. CUDA-graph runners are captured for
 the startup width only; other widths run eagerly (measured by the cost model
 like any other step). Tested end to end on the CPU engine only.
 """
@@ -35,6 +40,7 @@ import torch
 from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
 from sglang_spec_ext.sglang.server_args import plugin_config
 from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
+from sglang_spec_ext.sglang.tp_sync import TpWidthSync, tp_source
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -65,11 +71,22 @@ def adaptive_config_for(max_width: int) -> AdaptiveConfig:
     return adaptive_config(plugin_config(), max_k=max_width - 1)
 
 
+def tp_width_sync() -> TpWidthSync | None:
+    """The width sync for this process's TP group, or None with a single TP rank."""
+    source = tp_source()
+    return None if source is None else TpWidthSync(*source)
+
+
 class AdaptiveSuffixWorker(SuffixWorker):
     """``--speculative-algorithm SUFFIX`` with ``SGLANG_SPEC_EXT_ADAPTIVE=1``."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._width_sync = tp_width_sync()
+
     def _init_drafter(self) -> None:
         super()._init_drafter()
+        self._width_sync: TpWidthSync | None = None
         self.max_width = self.draft_token_num
         self.controller = AdaptiveController(adaptive_config_for(self.max_width))
         self._width_buffers: dict[int, dict[str, Any]] = {}
@@ -95,6 +112,10 @@ class AdaptiveSuffixWorker(SuffixWorker):
     def forward_batch_generation(self, batch: Any, on_publish=None, pp_proxy_tensors=None):
         if not batch.forward_mode.is_decode():
             self._pending = None  # a prefill in between: no decode step time to measure
+            # The host's extend path relays accept_tokens at draft_token_num: that
+            # must be the startup width, which the host's future map is sized for
+            # (and which every relayed row stride assumes), not the last decode width.
+            self._use_width(self.max_width)
             return super().forward_batch_generation(
                 batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors
             )
@@ -102,8 +123,7 @@ class AdaptiveSuffixWorker(SuffixWorker):
         bs = len(batch.reqs)
         rids = [req.rid for req in batch.reqs]
         self._feed_back(now, bs)
-        k = self.controller.choose_k(bs, rids)
-        width = max(1, min(k + 1, self.max_width))
+        width = self._choose_width(bs, rids)
         self._use_width(width)
         result = super().forward_batch_generation(
             batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors
@@ -121,6 +141,14 @@ class AdaptiveSuffixWorker(SuffixWorker):
             self._widths_used.clear()
         return result
 
+    def _choose_width(self, bs: int, rids: list[str]) -> int:
+        """The verify width of this decode step, the same on every TP rank."""
+        k = self.controller.choose_k(bs, rids)
+        width = max(1, min(k + 1, self.max_width))
+        if self._width_sync is not None:
+            width = self._width_sync(width)
+        return width
+
     def _feed_back(self, now: float, bs: int) -> None:
         if self._pending is None:
             return
@@ -133,8 +161,13 @@ class AdaptiveSuffixWorker(SuffixWorker):
     def _pad_relay(self, draft_input: Any, bs: int, width: int) -> None:
         """Relayed accepted tokens at the startup stride (overlap scheduling)."""
         tokens = draft_input.accept_tokens
-        if tokens is None or tokens.numel() != bs * width:
+        if tokens is None:
             return
+        if tokens.numel() != bs * width:
+            raise RuntimeError(
+                f"SUFFIX adaptive: relay of {tokens.numel()} accepted tokens for {bs} "
+                f"requests at width {width}; expected {bs * width}"
+            )
         padded = torch.zeros((bs, self.max_width), dtype=tokens.dtype, device=tokens.device)
         padded[:, :width] = tokens.view(bs, width)
         draft_input.accept_tokens = padded.flatten()

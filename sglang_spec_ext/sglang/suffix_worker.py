@@ -13,11 +13,22 @@ in step with what every request has committed:
 * a request that leaves the decode batch (finished, aborted or retracted) is
   closed: its remaining tokens go to the global tree and its per-request state
   is freed. A retracted request that comes back simply starts a new session.
+
+Drafter faults never stop serving: an exception while drafting (a C++
+``out_of_range`` or ``bad_alloc`` surfacing as ``IndexError`` / ``MemoryError``,
+a bad draft, anything) degrades the affected requests to an empty draft for that
+step (plain decoding through the verify path: the output stays the target's),
+drops their drafter session (it restarts from the request's tokens at the next
+step) and is counted in :meth:`SuffixWorker.drafter_stats` and logged once per
+request id. A fault while dropping a session resets the whole drafter.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +38,22 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from sglang_spec_ext.sglang.server_args import plugin_config
+from sglang_spec_ext.sglang.tp_sync import TpDraftSync, tp_source
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter
+from sglang_spec_ext.suffix.draft import DraftTree
 from sglang_spec_ext.tree import pack_batch
 
 logger = logging.getLogger("sglang_spec_ext")
+
+#: Request ids remembered as "fault already logged" (oldest forgotten first).
+FAULT_LOG_MEMORY = 4096
+#: At most this many drafter-fault WARNING lines per FAULT_LOG_WINDOW_S seconds.
+FAULT_LOG_BURST = 10
+FAULT_LOG_WINDOW_S = 60.0
+#: The INFO line with the drafter statistics (JSON after the mark), logged at the first
+#: decode step and then at most every SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S seconds (the
+#: soak harness, sglang_spec_ext/soak/runner.py, reads them from the server log).
+STATS_LOG_MARK = "sglang-spec-ext drafter stats: "
 
 
 @dataclass
@@ -42,17 +65,37 @@ class _Session:
 
 
 def suffix_config_from_plugin_config() -> SuffixConfig:
-    cfg = plugin_config()
-    return SuffixConfig(
-        max_depth=cfg.max_depth,
-        max_spec_factor=cfg.spec_factor,
-        max_spec_offset=cfg.spec_offset,
-        min_token_prob=cfg.min_token_prob,
-        max_cached_requests=cfg.max_cached_requests,
-        max_cached_tokens=cfg.max_cached_tokens,
-        cache_prompts=cfg.cache_prompts,
-        use_tree=cfg.use_tree,
-    )
+    return plugin_config().suffix_config()
+
+
+def _relayed_tokens(spec_info: Any, bs: int) -> tuple[list[int], list[int], int]:
+    """The previous step's accepted tokens (overlap relay): ids, lengths, row stride.
+
+    The stride is read from the relay itself (its rows are as wide as the host's
+    future map, sized by the first relayed step), not from a width attribute that
+    a batch made of merged or earlier steps may carry stale.
+    """
+    ids, lens = spec_info.accept_tokens, spec_info.accept_lens
+    if not ids.is_cpu:
+        ids, lens = ids.cpu(), lens.cpu()
+    ids, lens = ids.tolist(), lens.tolist()
+    if len(lens) != bs or (bs and len(ids) % bs):
+        raise RuntimeError(
+            f"overlap relay does not match the batch: {len(lens)} accept lengths and "
+            f"{len(ids)} tokens for {bs} requests"
+        )
+    stride = len(ids) // bs if bs else 0
+    if lens and max(lens) > stride:
+        raise RuntimeError(f"overlap relay: accept length {max(lens)} > row stride {stride}")
+    return ids, lens, stride
+
+
+def _last_token(req: Any, prev: list[int]) -> int:
+    """The request's last committed token: the root of its draft tree."""
+    if prev:
+        return prev[-1]
+    out = req.output_ids
+    return out[-1] if len(out) else req.origin_input_ids_unpadded[-1]
 
 
 class _SessionCloser:
@@ -106,6 +149,8 @@ class SuffixWorker(NGRAMWorker):
         self._prev_decode_rids: set = set()
         self.grammar_tree_host = None
         self._init_drafter()
+        source = tp_source()
+        self._draft_sync = None if source is None else TpDraftSync(*source)
         logger.info(
             "SUFFIX worker: verify width %d, drafter backend %s, overlap %s",
             self.draft_token_num,
@@ -117,37 +162,84 @@ class SuffixWorker(NGRAMWorker):
         """The drafter and its per-request sessions (no host runtime context needed)."""
         config = plugin_config()
         self.drafter = SuffixDrafter(suffix_config_from_plugin_config(), backend=config.backend)
+        if self.drafter.backend != "native" and config.backend == "auto":
+            logger.warning(
+                "SUFFIX: the native suffix-tree core (sglang_spec_ext.suffix._native) is not "
+                "built, so drafting falls back to the pure-Python drafter, 25-50x slower per "
+                "step. Fix: install a C++17 compiler and pybind11, then reinstall with "
+                "`pip install --no-build-isolation -e .` (SGLANG_SPEC_EXT_NO_NATIVE unset); "
+                "`sglang-spec-ext doctor` checks it. Set SGLANG_SPEC_EXT_BACKEND=python to "
+                "choose the Python drafter knowingly and silence this warning."
+            )
         self.ngram_corpus = _SessionCloser(self)
         self._sessions: dict[str, _Session] = {}
+        self._faults: Counter[str] = Counter()  # stage -> drafting faults absorbed
+        self._fault_logged: OrderedDict[str, None] = OrderedDict()
+        self._fault_log_window = (0.0, 0)  # (window start, lines logged in it)
+        self._fault_log_suppressed = 0
+        self._stats_logged_at: float | None = None
+        self._stats_log_interval_s = config.stats_log_interval_s
+        self._draft_sync: TpDraftSync | None = None  # set by __init__ with TP > 1
 
     # -- host NGRAM hooks we replace -----------------------------------------
     def _prepare_draft_tokens(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        tokens, mask = self._local_drafts(batch)
+        if self._draft_sync is not None:  # TP: every rank verifies the first rank's drafts
+            tokens, mask = self._draft_sync(tokens, mask)
+        return tokens, mask
+
+    def _local_drafts(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        self._maybe_log_stats()
         bs = len(batch.reqs)
         width = self.draft_token_num
         # Same splice rule as the host's NGRAM: only overlap mode has accepted
         # tokens that are not yet in req.output_ids.
         use_prev = self.enable_overlap and not batch.grammar_needs_sync()
         if use_prev:
-            # The relayed step declares its own row stride (the adaptive worker
-            # relays at the startup width whatever width it verified).
-            stride = getattr(batch.spec_info, "draft_token_num", None) or width
-            prev_ids = batch.spec_info.accept_tokens
-            prev_lens = batch.spec_info.accept_lens
-            if not prev_ids.is_cpu:
-                prev_ids, prev_lens = prev_ids.cpu(), prev_lens.cpu()
-            prev_ids, prev_lens = prev_ids.tolist(), prev_lens.tolist()
-            assert len(prev_lens) == bs, (len(prev_lens), bs)
+            prev_ids, prev_lens, stride = _relayed_tokens(batch.spec_info, bs)
 
-        rids, roots = [], []
+        rids, roots, ok = [], [], []
         for i, req in enumerate(batch.reqs):
             prev = prev_ids[i * stride : i * stride + prev_lens[i]] if use_prev else []
-            root = self._sync(req, prev)
             rids.append(req.rid)
-            roots.append(root)
+            roots.append(_last_token(req, prev))
+            ok.append(self._guarded("sync", req.rid, self._sync, req, prev))
 
-        trees = self.drafter.speculate_batch(rids, width - 1)
-        tokens, mask = pack_batch(trees, roots, width)
-        return tokens, mask
+        # A fault may have reset the whole drafter: draft only for live sessions.
+        ok = [good and rid in self.drafter for rid, good in zip(rids, ok, strict=True)]
+        trees = self._speculate([r for r, good in zip(rids, ok, strict=True) if good], width - 1)
+        it = iter(trees)
+        trees = [next(it) if good else DraftTree() for good in ok]
+        try:
+            return pack_batch(trees, roots, width)
+        except Exception as exc:  # a malformed draft: find it, plain-decode its request
+            self._fault("pack", None, exc)
+            for i, tree in enumerate(trees):
+                try:
+                    pack_batch([tree], [roots[i]], width)
+                except Exception as tree_exc:
+                    self._fault("pack", rids[i], tree_exc)
+                    trees[i] = DraftTree()
+            return pack_batch(trees, roots, width)
+
+    def _speculate(self, rids: list[str], max_nodes: int) -> list[DraftTree]:
+        """Drafts for ``rids``; a request whose drafting fails gets an empty draft."""
+        if not rids:
+            return []
+        try:
+            trees = self.drafter.speculate_batch(rids, max_nodes)
+            if len(trees) == len(rids):
+                return trees
+        except Exception:  # find the failing request(s); the others keep their drafts
+            pass
+        trees = []
+        for rid in rids:
+            try:
+                trees.append(self.drafter.speculate(rid, max_nodes))
+            except Exception as exc:
+                self._fault("speculate", rid, exc)
+                trees.append(DraftTree())
+        return trees
 
     def _update_ngram_corpus(self, batch: Any) -> None:
         # The drafter is updated from committed tokens at the next draft
@@ -155,8 +247,8 @@ class SuffixWorker(NGRAMWorker):
         return None
 
     # -- session bookkeeping --------------------------------------------------
-    def _sync(self, req: Any, prev: list[int]) -> int:
-        """Push what ``req`` committed since the last step; return its last token.
+    def _sync(self, req: Any, prev: list[int]) -> None:
+        """Push what ``req`` committed since the last step to the drafter.
 
         The committed sequence is ``req.output_ids + prev``; only its new tail is
         read, so the cost per step does not grow with the output length.
@@ -177,9 +269,6 @@ class SuffixWorker(NGRAMWorker):
             self.drafter.extend_request(req.rid, new)
             session.synced = total
         session.req = req
-        if prev:
-            return prev[-1]
-        return out[-1] if len(out) else req.origin_input_ids_unpadded[-1]
 
     def _close(self, rid: str) -> None:
         session = self._sessions.pop(rid, None)
@@ -193,14 +282,103 @@ class SuffixWorker(NGRAMWorker):
 
     def close_sessions(self, rids: list[str]) -> None:
         for rid in rids:
-            self._close(rid)
+            self._guarded("close", rid, self._close, rid)
 
     def reset_drafter(self) -> None:
         self._sessions.clear()
-        self.drafter.reset()
+        try:
+            self.drafter.reset()
+        except Exception as exc:
+            self._fault("reset", None, exc)
+            self._rebuild_drafter()
 
     def drafter_stats(self) -> dict:
-        return {"sessions": len(self._sessions), **self.drafter.stats()}
+        """Sessions, drafting faults absorbed (total and by stage) and the drafter's sizes."""
+        stats: dict[str, Any] = {
+            "sessions": len(self._sessions),
+            "draft_faults": sum(self._faults.values()),
+            "draft_faults_by_stage": dict(self._faults),
+        }
+        try:
+            stats.update(self.drafter.stats())
+        except Exception as exc:
+            self._fault("stats", None, exc)
+        return stats
+
+    def _maybe_log_stats(self) -> None:
+        now = time.monotonic()
+        interval = self._stats_log_interval_s
+        if self._stats_logged_at is not None and now - self._stats_logged_at < interval:
+            return
+        self._stats_logged_at = now
+        logger.info("%s%s", STATS_LOG_MARK, json.dumps(self.drafter_stats(), default=str))
+
+    # -- drafter faults ---------------------------------------------------------
+    def _guarded(self, stage: str, rid: str, fn: Any, *args: Any) -> bool:
+        """Run one drafter call for ``rid``; on a fault drop its session, return False."""
+        try:
+            fn(*args)
+            return True
+        except Exception as exc:
+            self._fault(stage, rid, exc)
+            return False
+
+    def _fault(self, stage: str, rid: str | None, exc: BaseException) -> None:
+        """Count and log a drafting fault; drop ``rid``'s (possibly broken) session."""
+        self._faults[stage] += 1
+        self._log_fault(stage, rid, exc)
+        if rid is not None:
+            self._drop_session(rid)
+
+    def _drop_session(self, rid: str) -> None:
+        self._sessions.pop(rid, None)
+        if rid not in self.drafter:
+            return
+        try:
+            self.drafter.abort_request(rid)
+        except Exception as exc:
+            # The drafter cannot even drop a request: start over with an empty one.
+            self._faults["abort"] += 1
+            self._log_fault("abort", rid, exc)
+            self._sessions.clear()
+            self._rebuild_drafter()
+
+    def _rebuild_drafter(self) -> None:
+        self._sessions.clear()
+        try:
+            self.drafter.reset()
+        except Exception:
+            self.drafter = SuffixDrafter(self.drafter.config, backend=self.drafter.backend)
+        logger.warning("SUFFIX drafter reset after a fault; every request starts a new session")
+
+    def _log_fault(self, stage: str, rid: str | None, exc: BaseException) -> None:
+        key = f"{stage}:{rid}" if rid is None else rid
+        if key in self._fault_logged:
+            return  # once per request id
+        self._fault_logged[key] = None
+        if len(self._fault_logged) > FAULT_LOG_MEMORY:
+            self._fault_logged.popitem(last=False)
+        now = time.monotonic()
+        start, lines = self._fault_log_window
+        if now - start > FAULT_LOG_WINDOW_S:
+            start, lines = now, 0
+        if lines >= FAULT_LOG_BURST:
+            self._fault_log_suppressed += 1
+            self._fault_log_window = (start, lines)
+            return
+        suppressed, self._fault_log_suppressed = self._fault_log_suppressed, 0
+        self._fault_log_window = (start, lines + 1)
+        logger.warning(
+            "SUFFIX drafter fault in %s for request %s (%s: %s): plain decoding for it this "
+            "step, its drafter session restarts; %d faults so far%s",
+            stage,
+            rid,
+            type(exc).__name__,
+            exc,
+            sum(self._faults.values()),
+            f" ({suppressed} fault lines suppressed)" if suppressed else "",
+            exc_info=sum(self._faults.values()) == 1,  # the first one with its traceback
+        )
 
     # -- NGRAM features that do not apply ------------------------------------
     def add_external_corpus(self, corpus_id: str, token_chunks: list[list[int]]) -> int:

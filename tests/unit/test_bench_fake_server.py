@@ -39,8 +39,12 @@ class FakeServer:
         upstream: str | None = None,
         accept: bool = True,
         port: int | None = None,
+        hold_after: int | None = None,
     ) -> None:
+        """``hold_after``: answer that many ``/generate`` requests, then hold every later
+        one until the server stops (a client run that cannot finish by itself)."""
         self.chunk, self.delay_s, self.alter_at = chunk, delay_s, alter_at
+        self.hold_after = hold_after
         self.upstream, self.accept = upstream, accept
         self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -52,6 +56,7 @@ class FakeServer:
     # -- lifecycle ---------------------------------------------------------
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
+        self._released = asyncio.Event()
         app = web.Application()
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
@@ -75,6 +80,7 @@ class FakeServer:
             await self._runner.cleanup()
 
         if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._released.set)
             asyncio.run_coroutine_threadsafe(_cleanup(), self._loop).result(10)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
@@ -104,6 +110,8 @@ class FakeServer:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        if self.hold_after is not None and len(self.requests) > self.hold_after:
+            await self._released.wait()
         if self.upstream:
             return await self._forward(body)
         ids = body.get("input_ids") or [len(body.get("text", ""))]

@@ -188,12 +188,11 @@ def test_bad_width_rejected() -> None:
         replay(_records(3), NullDrafter({0: (0, 1, 2)}), 0)
 
 
-def test_matches_shared_tree_module_when_present() -> None:
-    tree_mod = pytest.importorskip("sglang_spec_ext.tree")
-    suffix = pytest.importorskip("sglang_spec_ext.suffix")
-    if not hasattr(tree_mod, "accepted_length") or not hasattr(suffix, "DraftTree"):
-        pytest.skip("tree.accepted_length / suffix.DraftTree not there yet")
-    tree = suffix.DraftTree(
+def test_matches_the_shared_tree_module() -> None:
+    from sglang_spec_ext import tree as tree_mod
+    from sglang_spec_ext.suffix import DraftTree
+
+    tree = DraftTree(
         tokens=[5, 6, 7, 8, 9, 10],
         parents=[-1, -1, 0, 1, 1, 4],
         probs=[1.0] * 6,
