@@ -9,13 +9,19 @@ import time
 from typing import Any
 
 from sglang_spec_ext.replay import read_trace
-from sglang_spec_ext.tune.cli import LIVE_GRID, REPLAY_GRID, live_table, replay_table, search_space
 from sglang_spec_ext.tune.search import (
     AnalyticCost,
     LinearCost,
     best_per_batch,
     ranked,
     search,
+)
+from sglang_spec_ext.tune.tables import (
+    LIVE_GRID,
+    REPLAY_GRID,
+    live_table,
+    replay_table,
+    search_space,
 )
 
 
