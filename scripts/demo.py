@@ -7,8 +7,8 @@ short code-editing workload (plus repeated questions), one request at a time.
 Prints whether the greedy outputs are identical, the accept length the host
 reports, and tokens per second of both runs. Writes JSON with machine details.
 
-Needs the test harness's placeholder modules for the host's GPU-only imports,
-so it runs from a checkout (``bash scripts/demo.sh``), not from the wheel.
+Serves the way ``sglang-spec-ext serve-cpu`` does (the product's placeholder
+modules for the host's GPU-only imports, CPU defaults); imports nothing from tests/.
 """
 
 from __future__ import annotations
@@ -23,14 +23,32 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import requests  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
+from sglang_spec_ext.demo_workloads import ChatCase, demo_cases  # noqa: E402
 from sglang_spec_ext.machine import machine_info  # noqa: E402
-from tests.harness.server import CPUServer  # noqa: E402
-from tests.harness.workloads import ChatCase, demo_cases  # noqa: E402
+from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
 
 
-def run_cases(server: CPUServer, tok, cases: list[ChatCase], max_new_tokens: int, desc: str):
+class DemoServer(LaunchedServer):
+    """A CPU server started as ``sglang-spec-ext serve-cpu`` would start it."""
+
+    def __init__(self, model_dir: Path, extra: list[str], name: str) -> None:
+        args = ["--max-total-tokens", "16384", "--random-seed", "0", "--sleep-on-idle", *extra]
+        super().__init__(str(model_dir), with_cpu_defaults(args), env=cpu_serving_env(), name=name)
+
+    def generate(self, **payload) -> dict:
+        sampling = {k: payload.pop(k) for k in list(payload) if k not in ("text", "input_ids")}
+        r = requests.post(
+            self.url + "/generate", json={**payload, "sampling_params": sampling}, timeout=600
+        )
+        r.raise_for_status()
+        return r.json()
+
+
+def run_cases(server: DemoServer, tok, cases: list[ChatCase], max_new_tokens: int, desc: str):
     rows = []
     for case in tqdm(cases, desc=desc, unit="req", file=sys.stderr):
         ids = tok.apply_chat_template(
@@ -84,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     for name, extra in (("baseline", []), ("SUFFIX", spec_args)):
         print(f"[demo] starting the {name} server (SmolLM2-135M, CPU) ...", file=sys.stderr)
-        with CPUServer(model_dir, extra, max_total_tokens=16384) as server:
+        with DemoServer(model_dir, extra, name) as server:
             # One warm-up request so neither run pays first-request costs.
             server.generate(text="Hello", max_new_tokens=4, temperature=0)
             runs[name] = run_cases(server, tok, cases, args.max_new_tokens, name)

@@ -1,19 +1,21 @@
 """Test-wide set-up.
 
-Installs the TEST-ONLY placeholder modules for the host's GPU-only imports
-(``sgl_kernel``, ``torchvision``) so real SGLang modules import in this process;
-see tests/harness/shim/spec_ext_placeholders.py. The product never does this.
+Installs the product's placeholder modules for the host's GPU-only imports
+(``sgl_kernel``, ``torchvision``; :mod:`sglang_spec_ext.sglang.cpu_placeholders`,
+the same ones ``sglang-spec-ext serve-cpu`` installs in CPU servers) so real SGLang
+modules import in this process.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from sglang_spec_ext.sglang import cpu_placeholders
 
-_SHIM = Path(__file__).resolve().parent / "harness" / "shim"
-if str(_SHIM) not in sys.path:
-    sys.path.insert(0, str(_SHIM))
+cpu_placeholders.install()
 
-import spec_ext_placeholders  # noqa: E402
-
-spec_ext_placeholders.install()
+# A skip for a reason other than a documented optional peer fails the run.
+from tests.harness.skip_policy import (  # noqa: E402, F401
+    pytest_collectreport,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)

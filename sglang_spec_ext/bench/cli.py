@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="DIR",
         help="prepend to PYTHONPATH of launched servers (repeatable)",
+    )
+    g.add_argument(
+        "--serve-cpu",
+        action="store_true",
+        help="launch the servers as `sglang-spec-ext serve-cpu` does: SGLang's CPU engine "
+        "without sgl-kernel (SGLANG_USE_CPU_ENGINE=1, placeholder modules for its GPU-only "
+        "imports, --device cpu --attention-backend torch_native --dtype float32 unless given)",
     )
     g.add_argument(
         "--server-timeout",
@@ -138,6 +147,14 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
 
 def _endpoints(args: argparse.Namespace) -> list[Endpoint]:
     env = parse_env(args.server_env)
+    pythonpath = list(args.pythonpath)
+    if getattr(args, "serve_cpu", False):
+        from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env
+
+        # the CPU-serving variables; the user's --server-env and --pythonpath come after
+        cpu_env = cpu_serving_env(base={})
+        pythonpath = [*cpu_env.pop("PYTHONPATH").split(os.pathsep), *pythonpath]
+        env = {**cpu_env, **env}
     out = []
     for role, url, args_, off in (
         ("baseline", args.baseline_url, args.baseline_args, args.no_baseline),
@@ -152,13 +169,24 @@ def _endpoints(args: argparse.Namespace) -> list[Endpoint]:
                 Endpoint(
                     role,
                     model_path=args.model_path,
-                    args=f"{args.server_args} {args_}".strip(),
+                    args=_launch_args(args, args_),
                     env=env,
-                    pythonpath=args.pythonpath,
+                    pythonpath=pythonpath,
                     start_timeout_s=args.server_timeout,
                 )  # fmt: skip
             )
     return out
+
+
+def _launch_args(args: argparse.Namespace, role_args: str) -> str:
+    """Launch arguments of one launched server: --server-args, then the role's own, then
+    (with --serve-cpu) the CPU defaults the two do not set."""
+    joined = f"{args.server_args} {role_args}".strip()
+    if not getattr(args, "serve_cpu", False):
+        return joined
+    from sglang_spec_ext.sglang.cpu_serving import with_cpu_defaults
+
+    return shlex.join(with_cpu_defaults(shlex.split(joined)))
 
 
 def _prompt_source(args: argparse.Namespace, endpoints: list[Endpoint]) -> workload.PromptSource:

@@ -1,7 +1,8 @@
 """TEST HARNESS: start the real ``python -m sglang.launch_server`` on CPU.
 
-The server runs in its own process group on a free loopback port, with the
-placeholder modules of ``tests/harness/shim`` on its PYTHONPATH, logs to a
+The server runs in its own process group on a free loopback port, set up for CPU
+serving as ``sglang-spec-ext serve-cpu`` does (the product's placeholder modules,
+:mod:`sglang_spec_ext.sglang.cpu_placeholders`, installed through its PYTHONPATH), logs to a
 file, and is always torn down (the whole group) by :meth:`CPUServer.stop`.
 """
 
@@ -19,7 +20,10 @@ from typing import Any
 
 import requests
 
-SHIM_DIR = Path(__file__).resolve().parent / "shim"
+from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env, placeholder_site_dir
+
+#: Where the placeholder ``sitecustomize`` lives (the product's CPU-serving site dir).
+SHIM_DIR = placeholder_site_dir()
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,10 +35,7 @@ def free_port() -> int:
 
 def cpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SPEC_EXT_")}
-    env["SGLANG_USE_CPU_ENGINE"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(SHIM_DIR), str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
-    )
+    env = cpu_serving_env(env)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.update(extra or {})
