@@ -23,6 +23,14 @@ def install_runtime_hooks() -> list[str]:
         from sglang_spec_ext.sglang.cpu_fallbacks.install import install_cpu_fallbacks
 
         installed += install_cpu_fallbacks()
+        installed += _install_cpu_draft_attention()
     else:
         logger.debug("CPU kernel fallbacks disabled by configuration")
     return installed
+
+
+def _install_cpu_draft_attention() -> list[str]:
+    """torch_native draft attention for model drafts on the CPU engine (sglang/draft_attention.py)."""
+    from sglang_spec_ext.sglang.draft_attention import install_draft_attention
+
+    return install_draft_attention()

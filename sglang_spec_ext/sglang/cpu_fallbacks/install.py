@@ -34,7 +34,7 @@ from sglang_spec_ext.sglang.cpu_fallbacks.verify_attention import forward_extend
 
 logger = logging.getLogger("sglang_spec_ext")
 
-#: The flag the test harness puts on its placeholder modules (tests/harness/shim).
+#: The flag on the placeholder modules for CPU serving (:mod:`..cpu_placeholders`).
 PLACEHOLDER_FLAG = "__spec_ext_placeholder__"
 
 _OPS = "sglang.kernels.ops"
@@ -187,7 +187,7 @@ _REAL_CALLABLES = (
 
 
 def _is_placeholder(value: object, source_module: str) -> bool:
-    """Whether a host binding is a test-harness placeholder rather than a real kernel.
+    """Whether a host binding is a placeholder (:mod:`..cpu_placeholders`), not a real kernel.
 
     Hook wrappers (ours included) are looked through to the binding they replaced.
     """
@@ -224,7 +224,7 @@ def host_has_op(name: str) -> bool:
 
     A real sgl-kernel build registers its ops in the ``torch.ops.sgl_kernel``
     namespace, so the op must resolve there (with a kernel usable on CPU), and the
-    host's own binding of it must not be a test-harness placeholder. For the ops
+    host's own binding of it must not be a placeholder. For the ops
     the host binds to ``None`` when it lacks them (:data:`UNSET_FALLBACKS`), the
     host has the op iff that binding is set, to something other than ours.
     """

@@ -219,6 +219,8 @@ def _eagle_parents(
     stride = topk * (depth - 1) + 1
     batch = torch.arange(bs, device=selected.device)[:, None]
     flat_parents = parent_list.reshape(-1).to(torch.int64)
+    if flat_parents.numel() == 0:  # one draft step: every node hangs off the root
+        flat_parents = torch.zeros(1, dtype=torch.int64, device=selected.device)
     safe = torch.where(parent_block > 0, batch * stride + parent_block, 0)
     parent_token = flat_parents[safe]
     hit = selected[:, None, :] == parent_token[:, :, None]  # [b, node-1, position]
