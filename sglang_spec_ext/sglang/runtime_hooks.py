@@ -1,9 +1,16 @@
 """Runtime patches the plugin applies to the host in every process.
 
 Called by :func:`sglang_spec_ext.plugin.register` (so in every process SGLang's
-``load_plugins()`` runs in). Today: the pure-torch CPU kernel fallbacks, switched by
-``SGLANG_SPEC_EXT_CPU_FALLBACKS`` (default on). Each hook decides for itself whether
-the host needs it; on GPU hosts nothing is installed.
+``load_plugins()`` runs in):
+
+* the request guard (``sglang/request_guard.py``): options our algorithms would serve
+  wrong are refused with a 400 naming the option; always on, inert unless the server
+  runs one of our algorithms;
+* fixes of host bugs that break speculative serving (``sglang/host_fixes.py``), on
+  every host, switched by ``SGLANG_SPEC_EXT_HOST_FIXES`` (default on);
+* the pure-torch CPU kernel fallbacks, switched by ``SGLANG_SPEC_EXT_CPU_FALLBACKS``
+  (default on). Each decides for itself whether the host needs it; on GPU hosts
+  nothing is installed.
 """
 
 from __future__ import annotations
@@ -19,6 +26,19 @@ def install_runtime_hooks() -> list[str]:
     """Install the runtime hooks the configuration asks for; return what was installed."""
     config = load_config()
     installed: list[str] = []
+    from sglang_spec_ext.sglang.request_guard import install_request_guard
+
+    if install_request_guard():
+        installed.append("request_guard")
+    if config.host_fixes:
+        from sglang_spec_ext.sglang.host_fixes import install_host_fixes
+
+        installed += install_host_fixes()
+    else:
+        logger.warning(
+            "sglang-spec-ext host fixes disabled (SGLANG_SPEC_EXT_HOST_FIXES=0): speculative "
+            "requests near the context limit can leak KV slots (see README, known host issues)"
+        )
     if config.cpu_fallbacks:
         from sglang_spec_ext.sglang.cpu_fallbacks.install import install_cpu_fallbacks
 

@@ -7,7 +7,10 @@ without SUFFIX; accept length and tokens per second of both runs are printed.
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +46,34 @@ def _run(server, tok, cases):
     return rows
 
 
+def _write_results(runs, per_kind, total, secs) -> None:
+    from sglang_spec_ext.machine import machine_info
+
+    rows = [
+        {
+            "case": case.label,
+            "kind": case.kind,
+            "tokens": b["meta_info"]["completion_tokens"],
+            "baseline_s": round(bt, 3),
+            "suffix_s": round(st, 3),
+            "accept_length": accept_length(s["meta_info"]),
+            "identical": s["output_ids"] == b["output_ids"],
+        }
+        for (case, b, bt), (_, s, st) in zip(runs["baseline"], runs["SUFFIX"], strict=True)
+    ]
+    doc = {
+        "what": "SmolLM2-135M-Instruct served by the real SGLang CPU engine, greedy, batch size 1, "
+        "with and without SUFFIX (tests/e2e/test_smollm2_serving.py)",
+        "machine": machine_info(),
+        "parameters": {"width": WIDTH, "max_new_tokens": NEW_TOKENS, "dtype": "float32"},
+        "rows": rows,
+        "accept_length_by_kind": {k: t / n for k, (t, n) in per_kind.items()},
+        "tokens_per_s": {k: total[k] / secs[k] for k in total},
+    }
+    out = Path(os.environ["SPEC_EXT_RESULTS_DIR"]) / "smollm2_serving.json"
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def test_smollm2_parity_accept_length_and_speed(smollm2_dir, tok, start_module_server):
     cases = code_edit_cases(3) + repeated_question_cases()
     spec_args = ("--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", str(WIDTH))
@@ -74,6 +105,8 @@ def test_smollm2_parity_accept_length_and_speed(smollm2_dir, tok, start_module_s
     )
     for kind, (tokens, steps) in per_kind.items():
         print(f"  {kind:<10} accept length over the workload: {tokens / steps:.2f}")
+    if os.environ.get("SPEC_EXT_RESULTS_DIR"):  # the README's served figures come from here
+        _write_results(runs, per_kind, total, secs)
     for (case, b, _), (_, s, _) in zip(runs["baseline"], runs["SUFFIX"], strict=True):
         assert s["output_ids"] == b["output_ids"], f"{case.label}: SUFFIX output differs"
     # Where the answer copies its input or repeats an earlier answer, most tokens must be

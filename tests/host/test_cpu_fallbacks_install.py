@@ -2,7 +2,7 @@
 
 Host modules bind their CPU kernels at import time and only when the CPU engine is on
 (``SGLANG_USE_CPU_ENGINE=1``), so each scenario runs in a fresh interpreter with the
-test-harness placeholders for ``sgl_kernel`` (tests/harness/shim) on its path.
+placeholders for ``sgl_kernel`` (sglang_spec_ext/sglang/cpu_placeholders.py) on its path.
 """
 
 from __future__ import annotations
@@ -199,9 +199,12 @@ print("RESULT " + json.dumps(res))
 
 
 def test_nothing_installed_when_disabled_on_gpu_or_off_the_cpu_engine():
-    res = _result(NOTHING_INSTALLED, env={"SGLANG_SPEC_EXT_CPU_FALLBACKS": "0"})
+    env = {"SGLANG_SPEC_EXT_CPU_FALLBACKS": "0", "SGLANG_SPEC_EXT_HOST_FIXES": "0"}
+    res = _result(NOTHING_INSTALLED, env=env)
     assert res["is_cpu"] is True  # the scenario really is the CPU engine
-    assert res["configured_off"] == [] and res["on_cuda"] == [] and res["not_cpu"] == []
+    # The request guard is not configurable (it is what keeps output lossless).
+    assert res["configured_off"] == ["request_guard"]
+    assert res["on_cuda"] == [] and res["not_cpu"] == []
     assert res["still_placeholder"] is True and res["sampling_unset"] is True
     assert not set(OUR_TARGETS) & set(res["hooks"])
 

@@ -1,0 +1,206 @@
+#!/usr/bin/env python
+"""Soak and fault harness: a speculative server under mixed load, against a plain one.
+
+Launches the real SGLang server on the CPU engine (``sglang-spec-ext serve-cpu`` set-up)
+once without speculation and once per algorithm, all with the same model, context
+length and ``--max-running-requests``, and sends each the same seeded mix of requests
+at concurrency up to ``--max-running-requests``: greedy and sampled, prompts right at
+the context limit, ``max_new_tokens`` 1, stop tokens, ``n`` = 2, logprobs, JSON-schema
+and regex output, streamed clients that disconnect mid-way, invalid requests, and
+penalty options (which SUFFIX must refuse: the host's penalizers are not exact under
+speculation; other algorithms answer them, unchecked). It
+checks that the server stays up (the host's idle KV-pool check, on by default, ends
+the server on a leak), that every valid request is answered and every invalid one
+refused, that greedy outputs equal the plain server's (also when re-sent after the
+aborts), and that the drafter stays within its token bound. Loopback only; every
+loop is bounded in count and time.
+
+    python benchmarks/soak.py                  # short mode: SUFFIX, 120 requests (~2 min)
+    python benchmarks/soak.py --mode long      # SUFFIX, adaptive SUFFIX, NGRAM; 2000 each
+
+Writes ``benchmarks/results/soak_<mode>.json`` (machine, versions, parameters, per-kind
+counts, verdicts) and prints the table last. Exit 1 if any algorithm fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
+from sglang_spec_ext.machine import machine_info  # noqa: E402
+from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
+from sglang_spec_ext.soak import (  # noqa: E402
+    ServerHandle,
+    build_workload,
+    format_table,
+    plain_answers,
+    soak,
+)
+
+#: Algorithm label -> (launch flags, extra environment).
+ALGORITHMS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "SUFFIX": (("--speculative-algorithm", "SUFFIX"), {}),
+    "SUFFIX-adaptive": (("--speculative-algorithm", "SUFFIX"), {"SGLANG_SPEC_EXT_ADAPTIVE": "1"}),
+    "NGRAM": (("--speculative-algorithm", "NGRAM"), {}),
+}
+MODES = {
+    "short": {
+        "requests": 120,
+        "context": 256,
+        "max_running": 16,
+        "algorithms": "SUFFIX",
+        "drafter_tokens": 4000,
+    },
+    "long": {
+        "requests": 2000,
+        "context": 1024,
+        "max_running": 32,
+        "algorithms": "SUFFIX,SUFFIX-adaptive,NGRAM",
+        "drafter_tokens": 50_000,
+    },
+}
+
+
+def token_pool(model_dir: Path) -> list[int]:
+    """In-vocabulary ids: this package's own source text, tokenised by the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    text = "\n".join(
+        p.read_text(errors="replace")
+        for p in sorted((HERE.parent / "sglang_spec_ext").rglob("*.py"))
+    )
+    special = set(tok.all_special_ids)
+    return [t for t in tok(text[:400_000])["input_ids"] if t not in special]
+
+
+def default_model() -> Path:
+    from sglang_spec_ext.testing_models import build_tiny_llama
+
+    path = Path(tempfile.gettempdir()) / "sglang-spec-ext-soak-tiny-llama"
+    if not (path / "config.json").exists():
+        build_tiny_llama(path, seed=0)
+    return path
+
+
+def launch(
+    model: Path, name: str, flags: list[str], env: dict[str, str], log_dir: Path
+) -> LaunchedServer:
+    """An unstarted server: ``with launch(...) as server`` starts it and always stops it."""
+    return LaunchedServer(
+        str(model),
+        with_cpu_defaults(flags),
+        env=cpu_serving_env(extra=env),
+        log_path=log_dir / f"{name}.log",
+        name=name,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--mode", choices=sorted(MODES), default="short")
+    ap.add_argument("--algorithms", help="comma list of " + ", ".join(ALGORITHMS))
+    ap.add_argument("--requests", type=int, help="requests per algorithm")
+    ap.add_argument("--context-length", type=int)
+    ap.add_argument("--max-running-requests", type=int)
+    ap.add_argument("--concurrency", type=int, help="clients (default: --max-running-requests)")
+    ap.add_argument("--width", type=int, default=16, help="--speculative-num-draft-tokens")
+    ap.add_argument(
+        "--model", type=Path, help="model dir (default: the tiny test Llama, built locally)"
+    )
+    ap.add_argument(
+        "--drafter-max-cached-tokens",
+        type=int,
+        help="SGLANG_SPEC_EXT_MAX_CACHED_TOKENS for SUFFIX (default: small, so the run reaches it)",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--deadline-s", type=float, default=3600.0, help="per-phase time bound")
+    ap.add_argument(
+        "--out", type=Path, help="JSON path (default benchmarks/results/soak_<mode>.json)"
+    )
+    ap.add_argument("--log-dir", type=Path, help="server logs (default: a temp dir)")
+    args = ap.parse_args(argv)
+
+    mode = MODES[args.mode]
+    algorithms = (args.algorithms or mode["algorithms"]).split(",")
+    unknown = [a for a in algorithms if a not in ALGORITHMS]
+    if unknown:
+        ap.error(f"unknown algorithm(s) {unknown}; choose from {', '.join(ALGORITHMS)}")
+    n = args.requests or mode["requests"]
+    ctx = args.context_length or mode["context"]
+    max_running = args.max_running_requests or mode["max_running"]
+    concurrency = args.concurrency or max_running
+    if not 1 <= concurrency <= 256:
+        ap.error(f"--concurrency must be in [1, 256], got {concurrency}")
+    if not 2 <= args.width <= 64:
+        ap.error(f"--width must be in [2, 64], got {args.width}")
+    drafter_tokens = args.drafter_max_cached_tokens or mode["drafter_tokens"]
+    model = args.model or default_model()
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="spec-ext-soak-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    common = [
+        "--context-length", str(ctx), "--max-running-requests", str(max_running),
+        "--max-total-tokens", str(max(8192, ctx * max_running // 2)),
+        "--random-seed", "0", "--sleep-on-idle",
+    ]  # fmt: skip
+
+    reqs = build_workload(n, token_pool=token_pool(model), context_len=ctx, seed=args.seed)
+    params = {
+        "mode": args.mode, "requests": n, "context_length": ctx, "max_running_requests": max_running,
+        "concurrency": concurrency, "width": args.width, "model": str(model), "seed": args.seed,
+        "drafter_max_cached_tokens": drafter_tokens, "algorithms": algorithms,
+    }  # fmt: skip
+    print(f"[soak] {n} requests x {len(algorithms)} algorithm(s); logs in {log_dir}", flush=True)
+    rows, record = [], {"machine": machine_info(), "parameters": params, "runs": {}}
+    t0 = time.monotonic()
+    with launch(model, "plain", common, {}, log_dir) as plain:
+        answers = plain_answers(
+            plain.url, reqs, concurrency=concurrency, deadline_s=args.deadline_s, progress=True
+        )
+        for name in algorithms:
+            flags, env = ALGORITHMS[name]
+            env = {
+                **env,
+                "SGLANG_SPEC_EXT_MAX_CACHED_TOKENS": str(drafter_tokens),
+                "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "1",
+            }
+            spec_flags = [*common, *flags, "--speculative-num-draft-tokens", str(args.width)]
+            with launch(model, name, spec_flags, env, log_dir) as server:
+                handle = ServerHandle(
+                    server.url,
+                    server.log_path,
+                    lambda s=server: s.proc is not None and s.proc.poll() is None,
+                )
+                bound = drafter_tokens if name.startswith("SUFFIX") else None
+                verdict, timing = soak(
+                    handle, plain.url, reqs, concurrency=concurrency, deadline_s=args.deadline_s,
+                    drafter_bound_tokens=bound, plain=answers, progress=True, seed=args.seed,
+                    guarded=name.startswith("SUFFIX"),
+                )  # fmt: skip
+            rows.append((name, verdict))
+            record["runs"][name] = {
+                **verdict.as_dict(),
+                "timing": timing,
+                "log": str(server.log_path),
+            }
+    record["wall_s"] = round(time.monotonic() - t0, 1)
+    out = args.out or HERE / "results" / f"soak_{args.mode}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    print(f"[soak] wrote {out} ({record['wall_s']} s)")
+    print(format_table(rows))
+    return 0 if all(v.ok for _, v in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""The soak harness's short mode (benchmarks/soak.py) as CI runs it: the real CPU server
+with SUFFIX at width 16 against a plain server, a mixed load at concurrency 16 with
+prompts at the context limit, disconnecting clients, invalid and guarded requests.
+The long mode (thousands of requests, three algorithms) is for people: README."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
+
+
+def test_soak_short_mode(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("soak_script", SOAK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "soak.json"
+    code = module.main(["--requests", "100", "--out", str(out), "--log-dir", str(tmp_path)])
+    printed = capsys.readouterr().out
+    with capsys.disabled():
+        print("\n" + printed[-4000:])
+    record = json.loads(out.read_text())
+    run = record["runs"]["SUFFIX"]
+    assert code == 0, run["failures"][:10]
+    assert run["server_alive"] and not run["fatal_log_lines"]
+    assert run["parity_checked"] >= 40 and run["parity_mismatches"] == 0
+    assert run["post_abort_checked"] > 0 and run["post_abort_mismatches"] == 0
+    kinds = run["per_kind"]
+    assert kinds["near_limit"]["ok"] == kinds["near_limit"]["sent"] > 0
+    assert kinds["invalid"].get("refused", 0) == kinds["invalid"]["sent"] > 0
+    assert kinds["disconnect"].get("disconnected", 0) > 0
+    # The drafter reports its statistics and stays within its bound.
+    assert run["drafter_stats"] is not None and run["drafter_within_bound"] is True
+    assert (
+        0
+        < run["drafter_peak"]["cached_tokens"]
+        <= record["parameters"]["drafter_max_cached_tokens"]
+    )
+    assert record["machine"] and record["parameters"]["width"] == 16

@@ -1,0 +1,49 @@
+"""The request guard against the host's real ``SamplingParams.verify`` (fresh interpreter:
+HookRegistry is process-wide). The served path (a 400 from the real server) is covered
+by the soak harness's short mode (tests/e2e/test_soak.py)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.harness.subproc import run_snippet
+
+SNIPPET = """
+import json
+from sglang_spec_ext.plugin import register
+register()
+from sglang.srt.runtime_context import get_context
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+CASES = {"plain": {}, "repetition": {"repetition_penalty": 1.3},
+         "frequency": {"frequency_penalty": 0.5}, "presence": {"presence_penalty": -0.5},
+         "min_new": {"min_new_tokens": 4}, "neutral": {"repetition_penalty": 1.0,
+         "frequency_penalty": 0.0, "min_new_tokens": 0}}
+res = {}
+for algo in ("SUFFIX", "NGRAM", None):
+    fields = {"page_size": 1}
+    if algo:
+        fields.update(speculative_algorithm=algo, speculative_num_draft_tokens=8)
+    with get_context().override_server_args(**fields):
+        for name, kw in CASES.items():
+            try:
+                SamplingParams(max_new_tokens=8, **kw).verify(1000)
+                res[f"{algo}/{name}"] = "ok"
+            except ValueError as e:
+                res[f"{algo}/{name}"] = str(e)
+print("RESULT " + json.dumps(res))
+"""
+
+
+def test_penalizer_options_are_refused_only_under_our_algorithms():
+    proc = run_snippet(SNIPPET)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads([x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
+    for name in ("repetition", "frequency", "presence", "min_new"):
+        msg = res[f"SUFFIX/{name}"]
+        assert "not supported with --speculative-algorithm SUFFIX" in msg, msg
+        # The host's own algorithms and plain serving keep the host's behaviour.
+        assert res[f"NGRAM/{name}"] == "ok" and res[f"None/{name}"] == "ok"
+    assert "repetition_penalty=1.3" in res["SUFFIX/repetition"]
+    assert "min_new_tokens=4" in res["SUFFIX/min_new"]
+    assert res["SUFFIX/plain"] == res["SUFFIX/neutral"] == "ok"
