@@ -1,7 +1,8 @@
 """With sampling, speculative decoding on the real CPU server keeps the target's distribution.
 
 Hundreds of identical sampled requests (temperature 1.0, and once with top_k) go to
-a plain server and to NGRAM and SUFFIX servers (8 draft tokens). The first output
+a plain server, to NGRAM and SUFFIX servers (8 draft tokens) and to a STANDALONE
+(draft-model) server. The first output
 token comes from the ordinary sampler in every server; tokens 2 and 3 come from
 verify steps on the speculative ones. Their joint distribution must match the
 plain server's by a two-sample chi-square test, and drafts must really have been
@@ -34,6 +35,11 @@ SERVERS = {  # distinct seeds: independent samples (the harness passes --random-
     "base": (),
     "NGRAM": ("--random-seed", "1", "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", WIDTH),
     "SUFFIX": ("--random-seed", "2", "--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", WIDTH),
+    # A model draft (the peaked model as its own draft, so drafts are often accepted at
+    # T=1); the draft path is added by the fixture (the model is built there).
+    "STANDALONE": ("--random-seed", "3", "--speculative-algorithm", "STANDALONE",
+                   "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+                   "--speculative-num-draft-tokens", "3"),
 }  # fmt: skip
 PROMPT = "hello world"  # its likely continuations have 1-4 strong candidates per position
 REQUESTS = 160
@@ -43,6 +49,7 @@ RUNS = {  # (server, sampling options); top_k = 3 cuts the tail of every positio
     ("base", "T=1"): {},
     ("NGRAM", "T=1"): {},
     ("SUFFIX", "T=1"): {},
+    ("STANDALONE", "T=1"): {},
     ("base", "top_k=3"): {"top_k": 3},
     ("SUFFIX", "top_k=3"): {"top_k": 3},
 }
@@ -69,8 +76,13 @@ def servers(peaked_model: Path, tmp_path_factory: pytest.TempPathFactory):
     The pool's threads live until the servers are stopped: the harness ties each
     server's life to the thread that started it (PR_SET_PDEATHSIG is per thread)."""
     logs = tmp_path_factory.mktemp("sampling-servers")
+    draft = ("--speculative-draft-model-path", str(peaked_model))
     made = {
-        name: CPUServer(peaked_model, args, log_path=logs / f"{name}.log")
+        name: CPUServer(
+            peaked_model,
+            (*args, *draft) if name == "STANDALONE" else args,
+            log_path=logs / f"{name}.log",
+        )
         for name, args in SERVERS.items()
     }
     pool = cf.ThreadPoolExecutor(len(made))
@@ -133,7 +145,8 @@ def verified_tokens(responses: list[dict]) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize(
-    "algorithm,run", [("NGRAM", "T=1"), ("SUFFIX", "T=1"), ("SUFFIX", "top_k=3")]
+    "algorithm,run",
+    [("NGRAM", "T=1"), ("SUFFIX", "T=1"), ("SUFFIX", "top_k=3"), ("STANDALONE", "T=1")],
 )
 def test_verified_tokens_follow_the_plain_server(samples, algorithm, run):
     base, spec = samples[("base", run)], samples[(algorithm, run)]
