@@ -14,15 +14,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
-import shlex
 from pathlib import Path
 from typing import Any
 
 from sglang_spec_ext.bench import report, workload
 from sglang_spec_ext.bench.client import APIS, fetch_model_path
 from sglang_spec_ext.bench.runner import Endpoint, Plan, log, run_all
-from sglang_spec_ext.bench.servers import ServerError, parse_env, sigterm_as_interrupt
+from sglang_spec_ext.bench.servers import (
+    ServerError,
+    add_launch_arguments,
+    launch_settings,
+    sigterm_as_interrupt,
+)
 
 DEFAULT_SPEC_ARGS = "--speculative-algorithm SUFFIX"
 
@@ -41,36 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_SPEC_ARGS,
         help=f"launch args of the speculative server (default {DEFAULT_SPEC_ARGS!r})",
     )
-    g.add_argument(
-        "--server-args", default="", help="launch args for both servers (e.g. '--device cpu ...')"
-    )
-    g.add_argument(
-        "--server-env",
-        action="append",
-        default=[],
-        metavar="KEY=VAL",
-        help="environment of launched servers (repeatable)",
-    )
-    g.add_argument(
-        "--pythonpath",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="prepend to PYTHONPATH of launched servers (repeatable)",
-    )
-    g.add_argument(
-        "--serve-cpu",
-        action="store_true",
-        help="launch the servers as `sglang-spec-ext serve-cpu` does: SGLang's CPU engine "
-        "without sgl-kernel (SGLANG_USE_CPU_ENGINE=1, placeholder modules for its GPU-only "
-        "imports, --device cpu --attention-backend torch_native --dtype float32 unless given)",
-    )
-    g.add_argument(
-        "--server-timeout",
-        type=float,
-        default=600.0,
-        help="seconds to wait for a launched server's /health",
-    )
+    add_launch_arguments(g, "launch args for both servers (e.g. '--device cpu ...')")
     g.add_argument(
         "--no-baseline", action="store_true", help="measure only the speculative endpoint"
     )
@@ -146,15 +120,7 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _endpoints(args: argparse.Namespace) -> list[Endpoint]:
-    env = parse_env(args.server_env)
-    pythonpath = list(args.pythonpath)
-    if getattr(args, "serve_cpu", False):
-        from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env
-
-        # the CPU-serving variables; the user's --server-env and --pythonpath come after
-        cpu_env = cpu_serving_env(base={})
-        pythonpath = [*cpu_env.pop("PYTHONPATH").split(os.pathsep), *pythonpath]
-        env = {**cpu_env, **env}
+    launch = launch_settings(args)
     out = []
     for role, url, args_, off in (
         ("baseline", args.baseline_url, args.baseline_args, args.no_baseline),
@@ -169,24 +135,13 @@ def _endpoints(args: argparse.Namespace) -> list[Endpoint]:
                 Endpoint(
                     role,
                     model_path=args.model_path,
-                    args=_launch_args(args, args_),
-                    env=env,
-                    pythonpath=pythonpath,
-                    start_timeout_s=args.server_timeout,
+                    args=launch.launch_args(args_),
+                    env=launch.env,
+                    pythonpath=launch.pythonpath,
+                    start_timeout_s=launch.timeout_s,
                 )  # fmt: skip
             )
     return out
-
-
-def _launch_args(args: argparse.Namespace, role_args: str) -> str:
-    """Launch arguments of one launched server: --server-args, then the role's own, then
-    (with --serve-cpu) the CPU defaults the two do not set."""
-    joined = f"{args.server_args} {role_args}".strip()
-    if not getattr(args, "serve_cpu", False):
-        return joined
-    from sglang_spec_ext.sglang.cpu_serving import with_cpu_defaults
-
-    return shlex.join(with_cpu_defaults(shlex.split(joined)))
 
 
 def _prompt_source(args: argparse.Namespace, endpoints: list[Endpoint]) -> workload.PromptSource:

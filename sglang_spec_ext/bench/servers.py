@@ -7,6 +7,7 @@ when ``/health`` answers 200.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shlex
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
@@ -24,6 +26,74 @@ import requests
 
 class ServerError(RuntimeError):
     """A launched server exited or did not become healthy in time."""
+
+
+def add_launch_arguments(g: argparse._ArgumentGroup, server_args_help: str) -> None:
+    """The server-launch options ``bench`` and ``tune`` share (see :func:`launch_settings`)."""
+    g.add_argument("--server-args", default="", help=server_args_help)
+    g.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="KEY=VAL",
+        help="environment of launched servers (repeatable)",
+    )
+    g.add_argument(
+        "--pythonpath",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="prepend to PYTHONPATH of launched servers (repeatable)",
+    )
+    g.add_argument(
+        "--serve-cpu",
+        action="store_true",
+        help="launch the servers as `sglang-spec-ext serve-cpu` does: SGLang's CPU engine "
+        "without sgl-kernel (SGLANG_USE_CPU_ENGINE=1, placeholder modules for its GPU-only "
+        "imports, --device cpu --attention-backend torch_native --dtype float32 unless given)",
+    )
+    g.add_argument(
+        "--server-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for a launched server's /health",
+    )
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How launched servers start: environment, PYTHONPATH and their launch arguments."""
+
+    env: dict[str, str]
+    pythonpath: list[str]
+    server_args: str
+    serve_cpu: bool
+    timeout_s: float
+
+    def launch_args(self, role_args: str = "") -> str:
+        """``--server-args``, then ``role_args``, then (with ``--serve-cpu``) the CPU
+        defaults the two do not set."""
+        joined = f"{self.server_args} {role_args}".strip()
+        if not self.serve_cpu:
+            return joined
+        from sglang_spec_ext.sglang.cpu_serving import with_cpu_defaults
+
+        return shlex.join(with_cpu_defaults(shlex.split(joined)))
+
+
+def launch_settings(args: argparse.Namespace) -> LaunchSettings:
+    """The options of :func:`add_launch_arguments`, resolved (``ValueError`` on a bad
+    ``--server-env``). With ``--serve-cpu`` the CPU-serving variables come first and the
+    user's ``--server-env`` and ``--pythonpath`` after them."""
+    env = parse_env(args.server_env)
+    pythonpath = list(args.pythonpath)
+    if args.serve_cpu:
+        from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env
+
+        cpu_env = cpu_serving_env(base={})
+        pythonpath = [*cpu_env.pop("PYTHONPATH").split(os.pathsep), *pythonpath]
+        env = {**cpu_env, **env}
+    return LaunchSettings(env, pythonpath, args.server_args, args.serve_cpu, args.server_timeout)
 
 
 def free_port() -> int:

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sglang_spec_ext.bench.servers import add_launch_arguments
 from sglang_spec_ext.config import CONFIG_FILE_ENV, ConfigError, load_config
 from sglang_spec_ext.machine import machine_info
 from sglang_spec_ext.tune.modes import run_live, run_replay
@@ -83,12 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--top", type=int, default=5, help="also list the N best candidates at --config-batch-size"
     )
     g = p.add_argument_group("live servers (--model-path)")
-    g.add_argument(
-        "--server-args", default="", help="launch args of every server (e.g. '--device cpu ...')"
-    )
-    g.add_argument("--server-env", action="append", default=[], metavar="KEY=VAL")
-    g.add_argument("--pythonpath", action="append", default=[], metavar="DIR")
-    g.add_argument("--server-timeout", type=float, default=600.0)
+    add_launch_arguments(g, "launch args of every server (e.g. '--device cpu ...')")
     g.add_argument("--dataset", type=Path, help="JSONL prompts ('prompt_ids' or 'prompt')")
     g.add_argument("--num-prompts", type=int, default=8, help="requests per batch size")
     g.add_argument("--input-len", type=int, default=256, help="random prompt length")

@@ -114,7 +114,7 @@ def _adaptive(args, evals, rows, widths, sizes, cost, lines: list[str]) -> dict[
 
 def run_live(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict], str]:
     from sglang_spec_ext.bench import workload
-    from sglang_spec_ext.bench.servers import parse_env
+    from sglang_spec_ext.bench.servers import launch_settings
     from sglang_spec_ext.tune.live import best_live, live_search
 
     space = search_space(args, LIVE_GRID)
@@ -133,11 +133,12 @@ def run_live(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict], str]
         source = workload.PromptSource("random", vocab=vocab)
     scenario = workload.Scenario("tune", args.input_len, args.output_len)
     t0 = time.perf_counter()
+    launch = launch_settings(args)
     points = live_search(
-        args.model_path, args.server_args, space.settings(include_default=False), space.widths,
-        sizes, source, scenario, args.num_prompts, env=parse_env(args.server_env),
-        pythonpath=args.pythonpath, baseline=not args.no_baseline,
-        log_dir=args.json.parent if args.json else None, timeout_s=args.server_timeout,
+        args.model_path, launch.launch_args(), space.settings(include_default=False), space.widths,
+        sizes, source, scenario, args.num_prompts, env=launch.env,
+        pythonpath=launch.pythonpath, baseline=not args.no_baseline,
+        log_dir=args.json.parent if args.json else None, timeout_s=launch.timeout_s,
     )  # fmt: skip
     wall = time.perf_counter() - t0
     rows = best_live(points, sizes)

@@ -185,3 +185,19 @@ def test_bench_serve_cpu_launches_cpu_servers() -> None:
     assert "--device cpu" in spec.args and "--speculative-algorithm SUFFIX" in spec.args
     plain = bench_cli._endpoints(parser.parse_args(["--model-path", "/m"]))
     assert "SGLANG_USE_CPU_ENGINE" not in plain[0].env and "--device" not in plain[0].args
+
+
+def test_tune_shares_the_launch_options() -> None:
+    import argparse
+
+    from sglang_spec_ext.bench.servers import launch_settings
+    from sglang_spec_ext.tune import cli as tune_cli
+
+    parser = argparse.ArgumentParser()
+    tune_cli.add_arguments(parser)
+    args = parser.parse_args(["--model-path", "/m", "--serve-cpu", "--server-env", "B=2"])
+    launch = launch_settings(args)
+    assert launch.env["SGLANG_USE_CPU_ENGINE"] == "1" and launch.env["B"] == "2"
+    assert "--device cpu" in launch.launch_args() and launch.timeout_s == 600.0
+    plain = launch_settings(parser.parse_args(["--model-path", "/m"]))
+    assert plain.launch_args() == "" and "SGLANG_USE_CPU_ENGINE" not in plain.env
