@@ -27,8 +27,6 @@ import argparse
 import gc
 import importlib.metadata
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -38,6 +36,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from sglang_spec_ext.machine import machine_info as shared_machine_info
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter, native_available
 from sglang_spec_ext.tree import accepted_length
 
@@ -252,20 +251,10 @@ def run_lockstep(drafters: dict, stream: Stream, width: int, concurrency: int) -
 
 
 def machine_info() -> dict:
-    info = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "numpy": np.__version__,
-        "sglang_spec_ext": importlib.metadata.version("sglang-spec-ext"),
-        "native_backend": native_available(),
-        "arctic_inference": arctic_version(),
-    }
-    try:
-        info["pybind11"] = importlib.metadata.version("pybind11")
-    except importlib.metadata.PackageNotFoundError:
-        info["pybind11"] = None
+    """The shared machine description plus what this benchmark depends on."""
+    info = shared_machine_info()
+    info["native_backend"] = native_available()
+    info["arctic_inference"] = arctic_version()
     return info
 
 
@@ -275,9 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         "--width", type=int, default=16, help="verify width incl. root (draft nodes = width-1)"
     )
     ap.add_argument("--max-depth", type=int, default=64)
-    ap.add_argument("--factor", type=float, default=1.0)
-    ap.add_argument("--offset", type=float, default=0.0)
-    ap.add_argument("--min-prob", type=float, default=0.1)
+    d = SuffixConfig()  # defaults: ours; ArcticInference gets the same settings
+    ap.add_argument("--factor", type=float, default=d.max_spec_factor)
+    ap.add_argument("--offset", type=float, default=d.max_spec_offset)
+    ap.add_argument("--min-prob", type=float, default=d.min_token_prob)
     ap.add_argument("--chain", action="store_true", help="single-chain drafts (default: trees)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--requests", type=int, default=80, help="requests per synthetic set")

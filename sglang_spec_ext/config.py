@@ -73,11 +73,13 @@ FIELDS: tuple[Field, ...] = (
         0.0,
         64.0,
     ),
-    Field("spec_offset", float, 0.0, "see spec_factor", -64.0, 1024.0),
+    # spec_offset and min_token_prob defaults: chosen by `sglang-spec-ext tune` on the
+    # committed traces (README, SUFFIX section, has the command).
+    Field("spec_offset", float, 64.0, "see spec_factor", -64.0, 1024.0),
     Field(
         "min_token_prob",
         float,
-        0.1,
+        0.02,
         "drop draft continuations whose estimated path probability is below this",
         0.0,
         1.0,
@@ -125,6 +127,13 @@ FIELDS: tuple[Field, ...] = (
     ),
     Field("cache_prompts", bool, True, "insert prompts (not only outputs) into the global tree"),
     Field("use_tree", bool, True, "draft trees (True) or single chains (False)"),
+    Field(
+        "merge_drafts",
+        bool,
+        True,
+        "merge the request's and the global tree's drafts into one tree by path probability "
+        "(False: keep the higher-scoring draft, the behaviour before issue 14)",
+    ),
     Field(
         "backend",
         str,
@@ -232,8 +241,8 @@ class PluginConfig:
 
     max_depth: int = 64
     spec_factor: float = 1.0
-    spec_offset: float = 0.0
-    min_token_prob: float = 0.1
+    spec_offset: float = 64.0
+    min_token_prob: float = 0.02
     max_cached_requests: int = 10000
     max_cached_tokens: int = 4_000_000
     max_request_tokens: int = 65536
@@ -241,6 +250,7 @@ class PluginConfig:
     step_insert_tokens: int = 4096
     cache_prompts: bool = True
     use_tree: bool = True
+    merge_drafts: bool = True
     backend: str = "auto"
     cpu_fallbacks: bool = True
     host_fixes: bool = True
@@ -256,21 +266,9 @@ class PluginConfig:
 
     def suffix_config(self) -> Any:
         """The suffix drafter's ``SuffixConfig`` for these settings (the one mapping)."""
-        from sglang_spec_ext.suffix.config import SuffixConfig
+        from sglang_spec_ext.suffix.config import SuffixConfig, suffix_config_kwargs
 
-        return SuffixConfig(
-            max_depth=self.max_depth,
-            max_spec_factor=self.spec_factor,
-            max_spec_offset=self.spec_offset,
-            min_token_prob=self.min_token_prob,
-            max_cached_requests=self.max_cached_requests,
-            max_cached_tokens=self.max_cached_tokens,
-            cache_prompts=self.cache_prompts,
-            use_tree=self.use_tree,
-            max_request_tokens=self.max_request_tokens,
-            global_prompt_cap=self.global_prompt_cap,
-            step_insert_tokens=self.step_insert_tokens,
-        )
+        return SuffixConfig(**suffix_config_kwargs(self.as_dict()))
 
 
 def _check_fields_match() -> None:

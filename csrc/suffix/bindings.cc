@@ -112,7 +112,7 @@ PYBIND11_MODULE(_native, m) {
                        double min_token_prob, int64_t max_cached_requests,
                        int64_t max_cached_tokens, bool cache_prompts, bool use_tree,
                        int64_t max_request_tokens, int64_t global_prompt_cap,
-                       int64_t step_insert_tokens) {
+                       int64_t step_insert_tokens, bool merge_drafts) {
              sse::EngineConfig c;
              c.max_depth = max_depth;
              c.max_spec_factor = max_spec_factor;
@@ -125,13 +125,14 @@ PYBIND11_MODULE(_native, m) {
              c.max_request_tokens = max_request_tokens;
              c.global_prompt_cap = global_prompt_cap;
              c.step_insert_tokens = step_insert_tokens;
+             c.merge_drafts = merge_drafts;
              return new PyEngine(c);
            }),
            py::arg("max_depth"), py::arg("max_spec_factor"), py::arg("max_spec_offset"),
            py::arg("min_token_prob"), py::arg("max_cached_requests"),
            py::arg("max_cached_tokens"), py::arg("cache_prompts"), py::arg("use_tree"),
            py::arg("max_request_tokens"), py::arg("global_prompt_cap"),
-           py::arg("step_insert_tokens"))
+           py::arg("step_insert_tokens"), py::arg("merge_drafts") = true)
       .def("start", &PyEngine::start)
       .def("extend", &PyEngine::extend)
       .def("speculate", &PyEngine::speculate)

@@ -54,4 +54,32 @@ class Grower {
   int64_t order_ = 0;
 };
 
+// One tree from two drafts by path probability (the reference's merge_drafts):
+// nodes merged by token path (`a` first, then `b`; a shared path keeps the larger
+// probability), then the best `max_nodes` taken best first, a node becoming a
+// candidate once its parent is taken; ties go to the earlier-merged node.
+class DraftMerger {
+ public:
+  void merge(const Draft& a, const Draft& b, int max_nodes, Draft& out);
+
+ private:
+  struct Node {
+    int32_t token;
+    double prob;
+    int32_t first_child;
+    int32_t next_sibling;
+  };
+  struct Cand {
+    double prob;
+    int32_t node;
+    int32_t parent;  // index in the output
+  };
+  void add(const Draft& d);
+
+  std::vector<Node> nodes_;
+  std::vector<int32_t> ids_;
+  int32_t first_root_ = -1;
+  std::vector<Cand> heap_;
+};
+
 }  // namespace sse

@@ -246,14 +246,21 @@ const Draft& Engine::draft(int64_t h, int max_nodes) {
   // walking (sid -1): its tracked suffixes are not the history's suffixes.
   best_in_tree(*r.local, r.queue.empty() ? 0 : -1, hist, max_nodes, 0.0, local_best_);
   global_best_.clear();
+  const bool merge = cfg_.merge_drafts && cfg_.use_tree;
   if (global_enabled()) {
-    // The global draft wins only with a strictly higher score.
+    // Unmerged, the global draft wins only with a strictly higher score.
     int sid = -1;
     if (r.guid >= 0) {
       const Cached& c = cached_.at(r.guid);
       if (c.queue.empty()) sid = c.sid;
     }
-    best_in_tree(global_, sid, hist, max_nodes, local_best_.score, global_best_);
+    best_in_tree(global_, sid, hist, max_nodes, merge ? 0.0 : local_best_.score, global_best_);
+  }
+  if (merge) {
+    if (global_best_.tokens.empty()) return local_best_;
+    if (local_best_.tokens.empty()) return global_best_;
+    merger_.merge(local_best_, global_best_, max_nodes, merged_);
+    return merged_;
   }
   return local_best_.score >= global_best_.score ? local_best_ : global_best_;
 }

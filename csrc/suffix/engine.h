@@ -34,6 +34,7 @@ struct EngineConfig {
   int64_t max_cached_tokens = 4000000;
   bool cache_prompts = true;
   bool use_tree = true;
+  bool merge_drafts = true;  // tree drafts: merge local and global by path probability
   int64_t max_request_tokens = 65536;  // per-request tree: the most recent tokens (>= max_depth)
   int64_t global_prompt_cap = 65536;   // prompt tokens (the last ones) entering the global tree
   int64_t step_insert_tokens = 4096;   // queued tokens inserted per step, both trees together
@@ -120,7 +121,8 @@ class Engine {
   int64_t credit_ = 0;                          // tokens the current step may still insert
   int64_t next_uid_ = 0;
   Grower grower_;
-  Draft local_best_, global_best_, scratch_;
+  DraftMerger merger_;
+  Draft local_best_, global_best_, scratch_, merged_;
   std::vector<Pos> pos_;
 };
 

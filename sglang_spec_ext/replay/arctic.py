@@ -10,6 +10,14 @@ from typing import Any
 
 from sglang_spec_ext.replay.protocol import Draft
 
+#: ArcticInference's own drafting defaults (SuffixDecodingCache.speculate and vLLM's
+#: suffix-decoding settings): a budget of 1 x match length, continuations >= 0.1.
+ARCTIC_DEFAULTS: dict[str, float] = {
+    "spec_factor": 1.0,
+    "spec_offset": 0.0,
+    "min_token_prob": 0.1,
+}
+
 ARCTIC_HINT = (
     "the 'arctic' drafter needs ArcticInference's suffix cache: "
     "pip install arctic-inference (builds its C++ suffix tree from the sdist)"

@@ -1,4 +1,5 @@
-"""Drafters selectable by name for replay: ``suffix`` (ours), ``prompt-lookup``,
+"""Drafters selectable by name for replay: ``suffix`` (ours), ``suffix-prev`` (ours
+with the settings before issue 14, ``PREVIOUS_SUFFIX_SETTINGS``), ``prompt-lookup``,
 ``ngram`` (the host's NGRAM corpus) and ``arctic`` (ArcticInference's suffix cache).
 
 Optional drafters are imported only when chosen; a missing one raises
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_spec_ext.replay.protocol import Drafter
+from sglang_spec_ext.suffix.config import PREVIOUS_SUFFIX_SETTINGS, SuffixConfig
 
-DRAFTER_NAMES = ("suffix", "prompt-lookup", "ngram", "arctic")
+DRAFTER_NAMES = ("suffix", "suffix-prev", "prompt-lookup", "ngram", "arctic")
+_SUFFIX_DEFAULTS = SuffixConfig()
 
 
 class DrafterUnavailable(RuntimeError):
@@ -30,11 +33,12 @@ class DrafterOptions:
     """
 
     width: int = 16
-    # suffix / arctic
-    max_depth: int = 64  # SuffixConfig and SuffixDecodingCache default
-    spec_factor: float = 1.0
-    spec_offset: float = 0.0
-    min_token_prob: float = 0.1
+    # suffix / arctic (defaults: SuffixConfig's; ArcticInference's own are
+    # replay.arctic.ARCTIC_DEFAULTS)
+    max_depth: int = _SUFFIX_DEFAULTS.max_depth
+    spec_factor: float = _SUFFIX_DEFAULTS.max_spec_factor
+    spec_offset: float = _SUFFIX_DEFAULTS.max_spec_offset
+    min_token_prob: float = _SUFFIX_DEFAULTS.min_token_prob
     max_cached_requests: int = -1
     use_tree: bool = True
     suffix_backend: str = "auto"  # suffix only: "auto", "native" or "python"
@@ -60,17 +64,12 @@ def suffix_config_kwargs(opts: DrafterOptions) -> dict[str, Any]:
     ``max_cached_requests < 0`` (unbounded, as in ArcticInference) keeps the
     SuffixConfig default bound; ``extra`` entries are passed through by field name.
     """
-    kwargs: dict[str, Any] = {
-        "max_depth": opts.max_depth,
-        "max_spec_factor": opts.spec_factor,
-        "max_spec_offset": opts.spec_offset,
-        "min_token_prob": opts.min_token_prob,
-        "use_tree": opts.use_tree,
-    }
-    if opts.max_cached_requests >= 0:
-        kwargs["max_cached_requests"] = opts.max_cached_requests
-    kwargs.update(opts.extra)
-    return kwargs
+    from sglang_spec_ext.suffix.config import suffix_config_kwargs as mapped
+
+    options = opts.as_dict()
+    if opts.max_cached_requests < 0:
+        options.pop("max_cached_requests")
+    return {**mapped(options), **opts.extra}
 
 
 def _make_suffix(opts: DrafterOptions) -> Drafter:
@@ -86,6 +85,19 @@ def _make_suffix(opts: DrafterOptions) -> Drafter:
         return SuffixDrafter(config, backend=opts.suffix_backend)
     except RuntimeError as exc:  # backend="native" without the compiled core
         raise DrafterUnavailable(str(exc)) from exc
+
+
+def _make_suffix_prev(opts: DrafterOptions) -> Drafter:
+    """Our suffix drafter with the budget and probability settings it had before
+    issue 14 (``PREVIOUS_SUFFIX_SETTINGS``); the other options apply as given."""
+    prev = dataclasses.replace(
+        opts,
+        spec_factor=PREVIOUS_SUFFIX_SETTINGS["max_spec_factor"],
+        spec_offset=PREVIOUS_SUFFIX_SETTINGS["max_spec_offset"],
+        min_token_prob=PREVIOUS_SUFFIX_SETTINGS["min_token_prob"],
+        extra={**opts.extra, "merge_drafts": PREVIOUS_SUFFIX_SETTINGS["merge_drafts"]},
+    )
+    return _make_suffix(prev)
 
 
 def _make_prompt_lookup(opts: DrafterOptions) -> Drafter:
@@ -129,6 +141,7 @@ def _make_arctic(opts: DrafterOptions) -> Drafter:
 
 _FACTORIES: dict[str, Callable[[DrafterOptions], Drafter]] = {
     "suffix": _make_suffix,
+    "suffix-prev": _make_suffix_prev,
     "prompt-lookup": _make_prompt_lookup,
     "ngram": _make_ngram,
     "arctic": _make_arctic,

@@ -1,41 +1,13 @@
-"""Text tables and the machine/version block of replay reports."""
+"""Text tables of replay reports (machine/version blocks: ``sglang_spec_ext.machine``)."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
-import platform
 from collections.abc import Sequence
 
+# Machine and version blocks live in one place: sglang_spec_ext.machine.
+from sglang_spec_ext.machine import machine_info, package_versions
 
-def machine_info() -> dict:
-    info = {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor() or None,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-    }
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    info["cpu_model"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return info
-
-
-def package_versions(names: Sequence[str] = ()) -> dict[str, str | None]:
-    base = ("sglang-spec-ext", "sglang", "arctic-inference", "numpy", "torch", "transformers")
-    out: dict[str, str | None] = {}
-    for name in (*base, *names):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+__all__ = ["format_table", "machine_info", "package_versions"]
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -22,7 +22,41 @@ _FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "max_spec_offset": (-1024.0, 1024.0),
     "min_token_prob": (0.0, 1.0),
 }
-_BOOLS = ("cache_prompts", "use_tree")
+_BOOLS = ("cache_prompts", "use_tree", "merge_drafts")
+
+#: Option name (the plugin's SGLANG_SPEC_EXT_* fields, the replay/tune options) ->
+#: SuffixConfig field. The one mapping: PluginConfig.suffix_config() and the replay
+#: drafters both go through :func:`suffix_config_kwargs`.
+OPTION_FIELDS: dict[str, str] = {
+    "max_depth": "max_depth",
+    "spec_factor": "max_spec_factor",
+    "spec_offset": "max_spec_offset",
+    "min_token_prob": "min_token_prob",
+    "max_cached_requests": "max_cached_requests",
+    "max_cached_tokens": "max_cached_tokens",
+    "max_request_tokens": "max_request_tokens",
+    "global_prompt_cap": "global_prompt_cap",
+    "step_insert_tokens": "step_insert_tokens",
+    "cache_prompts": "cache_prompts",
+    "use_tree": "use_tree",
+    "merge_drafts": "merge_drafts",
+}
+
+
+def suffix_config_kwargs(options: dict) -> dict:
+    """``SuffixConfig`` keyword arguments from option-named values (others ignored)."""
+    return {OPTION_FIELDS[k]: v for k, v in options.items() if k in OPTION_FIELDS}
+
+
+#: Budget and probability settings of SUFFIX before issue 14 (Arctic-like: a draft
+#: of at most one node per matched token, continuations below 10% dropped). The
+#: replay table shows them as "the plugin's previous SUFFIX" (drafter ``suffix-prev``).
+PREVIOUS_SUFFIX_SETTINGS: dict[str, float | bool] = {
+    "max_spec_factor": 1.0,
+    "max_spec_offset": 0.0,
+    "min_token_prob": 0.1,
+    "merge_drafts": False,
+}
 
 
 @dataclass(frozen=True)
@@ -40,6 +74,10 @@ class SuffixConfig:
         disables the global tree.
     cache_prompts: whether prompts enter the global tree (outputs always do).
     use_tree: draft a tree (True) or a single chain (False).
+    merge_drafts: (tree drafts) merge the request tree's and the global tree's
+        drafts into one tree, best nodes first by path probability (True), or
+        keep the draft with the higher score (False, the behaviour before issue
+        14; chain drafts always do this).
     max_request_tokens: bound of each per-request tree: it holds the request's
         most recent max_request_tokens tokens (a sliding window; the oldest
         strings leave as new tokens arrive). At least max_depth.
@@ -54,12 +92,13 @@ class SuffixConfig:
 
     max_depth: int = 64
     max_spec_factor: float = 1.0
-    max_spec_offset: float = 0.0
-    min_token_prob: float = 0.1
+    max_spec_offset: float = 64.0  # default fills verify widths up to 65 (tuned)
+    min_token_prob: float = 0.02
     max_cached_requests: int = 10000  # 0 disables the global tree
     max_cached_tokens: int = 4_000_000
     cache_prompts: bool = True  # whether prompts enter the global tree
     use_tree: bool = True
+    merge_drafts: bool = True
     max_request_tokens: int = 65536
     global_prompt_cap: int = 65536
     step_insert_tokens: int = 4096

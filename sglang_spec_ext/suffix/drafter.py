@@ -72,6 +72,7 @@ class SuffixDrafter:
             c.max_request_tokens,
             c.global_prompt_cap,
             c.step_insert_tokens,
+            c.merge_drafts,
         )
 
     def _handle(self, req_id: Hashable) -> int:

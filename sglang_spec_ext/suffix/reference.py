@@ -15,7 +15,9 @@ when count(xa) == cont(x) the probability is carried over unchanged.
 Speculation for a request with history h, in each tree (the request's own, and
 the global one): for every match length m (longest first) with h[-m:] present,
 grow a draft of at most budget(m) nodes from h[-m:] and keep the best score
-(a shorter match must score strictly higher). The request's own tree wins ties.
+(a shorter match must score strictly higher). With merge_drafts (and use_tree) the two trees'
+drafts are merged into one tree by path probability (``merge_drafts``);
+otherwise the higher score wins, the request's own tree on ties.
 
 Bounds and incremental insertion (SuffixConfig documents them): the request's
 tree holds its last max_request_tokens tokens (older strings are removed as
@@ -278,6 +280,65 @@ def best_in_trie(
     return best
 
 
+def merge_drafts(first: DraftTuple, second: DraftTuple, max_nodes: int) -> DraftTuple:
+    """One tree from two drafts, by path probability (expected accepted tokens).
+
+    Nodes of both drafts (``first``'s in order, then ``second``'s) are merged by
+    their token path below the root: a path present in both keeps the larger
+    probability. Then the best ``max_nodes`` nodes are taken best first: a node
+    becomes a candidate once its parent is taken, and the candidate with the
+    highest probability is taken next, earlier-merged nodes first on ties. The
+    score is the sum of the taken probabilities; match_len is that of the draft
+    with the higher score (``first`` on ties). An empty draft leaves the other
+    one unchanged.
+    """
+    if not second[0]:
+        return first
+    if not first[0]:
+        return second
+    match_len = first[4] if first[3] >= second[3] else second[4]
+    # Merged nodes: token, merged parent (-1: the root), probability, children.
+    tok: list[int] = []
+    prob: list[float] = []
+    kids: list[list[int]] = []
+    roots: list[int] = []
+    for d in (first, second):
+        ids: list[int] = []
+        for t, par, q in zip(d[0], d[1], d[2], strict=True):
+            siblings = roots if par < 0 else kids[ids[par]]
+            found = -1
+            for c in siblings:
+                if tok[c] == t:
+                    found = c
+                    break
+            if found < 0:
+                found = len(tok)
+                tok.append(t)
+                prob.append(q)
+                kids.append([])
+                siblings.append(found)
+            elif q > prob[found]:
+                prob[found] = q
+            ids.append(found)
+    heap = [(-prob[c], c, -1) for c in roots]
+    heapq.heapify(heap)
+    tokens: list[int] = []
+    parents: list[int] = []
+    probs: list[float] = []
+    while heap and len(tokens) < max_nodes:
+        neg_q, c, parent = heapq.heappop(heap)
+        idx = len(tokens)
+        tokens.append(tok[c])
+        parents.append(parent)
+        probs.append(-neg_q)
+        for k in kids[c]:
+            heapq.heappush(heap, (-prob[k], k, idx))
+    score = 0.0
+    for q in probs:
+        score += q
+    return (tokens, parents, probs, score, match_len)
+
+
 class _Queue:
     """Tokens waiting to enter a tree, in order."""
 
@@ -407,6 +468,8 @@ class ReferenceEngine:
         uid = self.guid[h]
         gsid = uid if uid is not None and not self.global_queue[uid].left() else None
         glob = best_in_trie(self.glob, gsid, hist, max_nodes, self.cfg, self.exhaustive)
+        if self.cfg.merge_drafts and self.cfg.use_tree:
+            return merge_drafts(local, glob, max_nodes)
         return local if local[3] >= glob[3] else glob
 
     def speculate(self, h: int, max_nodes: int) -> DraftTuple:

@@ -93,7 +93,7 @@ def test_simulate_end_to_end(
     overall = report["overall"]
     assert overall["accept_len"] > 1.0 and overall["us_per_token"] > 0
     assert overall["requests"] == 3 and overall["output_tokens"] == 31
-    assert report["versions"]["sglang-spec-ext"] and report["machine"]["cpus"]
+    assert report["versions"]["sglang-spec-ext"] and report["machine"]["cpu_count"]
     assert report["parameters"]["width"] == 8
     assert len(table.read_text().splitlines()) == 3
 

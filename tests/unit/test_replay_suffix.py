@@ -66,3 +66,20 @@ def test_backends_agree() -> None:
         for b in ("native", "python")
     ]
     assert steps[0] == steps[1]
+
+
+def test_previous_suffix_is_selectable_and_the_defaults_draft_wider() -> None:
+    from sglang_spec_ext.suffix.config import PREVIOUS_SUFFIX_SETTINGS
+
+    prev = make_drafter("suffix-prev", DrafterOptions(max_depth=32))
+    assert prev.config.max_depth == 32  # other options still apply
+    for name, value in PREVIOUS_SUFFIX_SETTINGS.items():
+        assert getattr(prev.config, name) == value
+    now = make_drafter("suffix", DrafterOptions())
+    assert now.config == suffix.SuffixConfig()  # replay's defaults are the drafter's
+    # A short match: the previous budget (1 x match length) drafts 2 tokens, the
+    # tuned default drafts to the width, and replay accepts more tokens per step.
+    records = [TraceRecord((1, 2, 3, 4, 5, 6, 7, 8, 1, 2), (3, 4, 5, 6, 7, 8), "x")]
+    wide = replay(records, make_drafter("suffix", DrafterOptions()), 8).overall
+    narrow = replay(records, make_drafter("suffix-prev", DrafterOptions()), 8).overall
+    assert wide.steps < narrow.steps and wide.decode_tokens == narrow.decode_tokens == 5

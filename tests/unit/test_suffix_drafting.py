@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from sglang_spec_ext.suffix import DraftTree, SuffixConfig, SuffixDrafter, native_available
+from sglang_spec_ext.suffix.config import PREVIOUS_SUFFIX_SETTINGS
 
 BACKENDS = ["python"] + (["native"] if native_available() else [])
 
@@ -16,7 +17,17 @@ def backend(request) -> str:
 
 
 def make(backend: str, **kw) -> SuffixDrafter:
-    return SuffixDrafter(SuffixConfig(**kw), backend=backend)
+    # The hand-checked cases spell out budgets of 1 x match length (the settings
+    # before issue 14); the current defaults' budget is tested on its own below.
+    return SuffixDrafter(SuffixConfig(**{**PREVIOUS_SUFFIX_SETTINGS, **kw}), backend=backend)
+
+
+def test_default_budget_fills_the_width(backend):
+    d = SuffixDrafter(SuffixConfig(), backend=backend)
+    d.start_request("a", [1, 2, 3, 4, 5, 6, 7, 1, 2])
+    # a 2-token match, yet the default budget (tuned) lets the draft run to the width
+    assert d.speculate("a", 5).tokens == [3, 4, 5, 6, 7]
+    assert d.speculate("a", 3).tokens == [3, 4, 5]
 
 
 def as_tuple(d: DraftTree):
@@ -265,3 +276,19 @@ def test_native_removed_tokens_stay_pinned_only_while_referenced():
     s = d.stats()
     assert s["pinned_tokens"] == 0 and s["cached_tokens"] == 3
     assert d._engine._check() == ""
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_merge_local_and_global_drafts(backend, merge):
+    d = make(backend, max_depth=8, max_spec_offset=8.0, min_token_prob=0.0, merge_drafts=merge)
+    d.start_request("old", [1, 2, 7, 8])
+    d.finish_request("old")
+    d.start_request("a", [1, 2, 3, 4, 1, 2])
+    # own tree: 3 4 1 2 for sure; global tree: 3 ... or 7 8, half each.
+    got = as_tuple(d.speculate("a", 6))
+    if merge:  # one tree, best nodes first: the own chain, then the global branch
+        assert got == ([3, 4, 1, 2, 7, 8], [-1, 0, 1, 2, -1, 4], [1.0] * 4 + [0.5] * 2, 5.0, 2)
+    else:  # the higher-scoring draft only
+        assert got == ([3, 4, 1, 2], [-1, 0, 1, 2], [1.0] * 4, 4.0, 2)
+    # the merged tree respects the budget, dropping the lowest nodes
+    assert d.speculate("a", 5).tokens == ([3, 4, 1, 2, 7] if merge else [3, 4, 1, 2])

@@ -46,12 +46,13 @@ base_configs = st.builds(
     SuffixConfig,
     max_depth=st.just(1),
     max_spec_factor=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
-    max_spec_offset=st.sampled_from([-1.0, 0.0, 1.0, 2.5]),
+    max_spec_offset=st.sampled_from([-1.0, 0.0, 1.0, 2.5, 64.0]),
     min_token_prob=st.sampled_from([0.0, 0.1, 0.3, 0.6, 1.0]),
     max_cached_requests=st.sampled_from([0, 1, 2, 3, 100, 100]),
     max_cached_tokens=st.sampled_from([0, 8, 30, 1000, 1000]),
     cache_prompts=st.booleans(),
     use_tree=st.booleans(),
+    merge_drafts=st.booleans(),
 )
 ops = st.lists(
     st.one_of(
@@ -150,7 +151,8 @@ def test_native_matches_reference_on_long_streams(seed):
         max_depth=rng.choice([6, 16]),
         max_cached_requests=rng.choice([4, 50]),
         max_cached_tokens=rng.choice([300, 5000]),
-        max_spec_offset=rng.choice([0.0, 2.0]),
+        max_spec_offset=rng.choice([0.0, 2.0, 64.0]),
+        merge_drafts=seed < 2,
         use_tree=seed % 2 == 0,
         max_request_tokens=rng.choice([40, 10**6]),
         step_insert_tokens=rng.choice([7, 4096]),
