@@ -24,7 +24,7 @@ from sglang_spec_ext.bench.servers import (
     ServerError,
     add_launch_arguments,
     launch_settings,
-    sigterm_as_interrupt,
+    signals_as_interrupt,
 )
 
 DEFAULT_SPEC_ARGS = "--speculative-algorithm SUFFIX"
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     save()
     rc = 0
     try:
-        with sigterm_as_interrupt():
+        with signals_as_interrupt():
             rc = run_all(endpoints, plan, doc, save)
         failed = sum((c.get(r) or {}).get("failed", 0) for c in doc["cells"] for r in report.ROLES)
         if failed and rc == 0:

@@ -125,9 +125,15 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises ``KeyboardInterrupt`` (as Ctrl-C does), so a
-    killed run still stops the servers it launched and saves its results."""
+def signals_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM raise ``KeyboardInterrupt`` right where the
+    main thread is, so a killed or Ctrl-C'd run still stops the servers it launched and
+    saves its results.
+
+    SIGINT too, because ``asyncio.run`` otherwise turns Ctrl-C into a cancellation of its
+    main task, and a cancellation that a library swallows (seen with in-flight aiohttp
+    requests) is an interrupt lost: the run went on to its next cell. ``asyncio.run``
+    leaves a handler that is not Python's default one in place."""
 
     def _raise(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -135,11 +141,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise)
+    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class LaunchedServer:

@@ -124,10 +124,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.trace and not args.model_path:
         print("error: give --trace FILE (replay) or --model-path M (live)", file=sys.stderr)
         return 2
-    from sglang_spec_ext.bench.servers import ServerError, sigterm_as_interrupt
+    from sglang_spec_ext.bench.servers import ServerError, signals_as_interrupt
 
     try:
-        with sigterm_as_interrupt():
+        with signals_as_interrupt():
             report, rows, table = (run_live if args.model_path else run_replay)(args)
     except (ValueError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -103,10 +103,11 @@ def test_ctrl_c_saves_partial_results_and_exits_130(tmp_path: Path) -> None:
     # Deterministic: the server answers exactly the requests of the first cell (counted
     # on a one-cell run) and holds every later one, so the run is still going, with one
     # cell saved, whenever the signal comes.
-    args = ("--scenario", "t:8:12", "--concurrency", "1")
+    args = ("--concurrency", "1")  # with _bench's one scenario: one cell
     with FakeServer() as probe:
         assert main(_bench("--baseline-url", probe.url, *args)) == 0
         first_cell = len(probe.requests)
+    assert first_cell == 4  # one warm-up and three prompts
     with FakeServer(hold_after=first_cell) as srv:
         cmd = [sys.executable, "-m", "sglang_spec_ext.cli", *_bench(
             "--baseline-url", srv.url, *args, "--rates", "inf,1,2", "--out", str(tmp_path))]  # fmt: skip
