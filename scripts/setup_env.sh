@@ -13,7 +13,8 @@ PY=${PYTHON:-python3}
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 stamp="$VENV/.spec-ext-stamp"
-want=$(cat scripts/setup_env.sh requirements/*.txt pyproject.toml setup.py 2>/dev/null | sha256sum | cut -c1-16)
+# csrc/ too: the editable install compiles the native suffix core, so a C++ change rebuilds it.
+want=$(cat scripts/setup_env.sh requirements/*.txt pyproject.toml setup.py csrc/suffix/* 2>/dev/null | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && python -c "import sglang_spec_ext" 2>/dev/null; then
   echo "[setup] environment $VENV is up to date"
   exit 0
