@@ -12,15 +12,12 @@ architecture (build_eagle3_head: parity needs no good head)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
-import threading
-import time
 
 import pytest
-import requests
 
 from tests.e2e.spec_metrics import accept_length
 from tests.e2e.test_suffix_serving import CODE, PROMPTS
+from tests.harness.server import abort_mid_stream
 
 NEW_TOKENS = 20
 TOPK1 = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
@@ -137,29 +134,7 @@ def test_standalone_sampling_stays_in_vocabulary(topk2_server, tok):
 
 def test_standalone_abort_mid_generation(tiny_baseline_server, topk2_server, tok):
     ids = tok(CODE)["input_ids"]
-    rid = f"abort-standalone-{time.time()}"
-    seen: list[dict] = []
-
-    def stream() -> None:
-        payload = {"input_ids": ids, "rid": rid, "stream": True,
-                   "sampling_params": {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}}  # fmt: skip
-        with requests.post(
-            topk2_server.base_url + "/generate", json=payload, stream=True, timeout=120
-        ) as r:
-            for line in r.iter_lines():
-                if line.startswith(b"data:") and b"[DONE]" not in line:
-                    seen.append(json.loads(line[5:]))
-
-    t = threading.Thread(target=stream, daemon=True)
-    t.start()
-    deadline = time.time() + 60
-    while len(seen) < 3 and time.time() < deadline:
-        time.sleep(0.2)
-    assert seen, "stream produced nothing"
-    requests.post(topk2_server.base_url + "/abort_request", json={"rid": rid}, timeout=30)
-    t.join(timeout=60)
-    assert not t.is_alive(), "aborted stream did not end"
-    last = seen[-1]["meta_info"]
+    last = abort_mid_stream(topk2_server, ids, 3000)
     assert last["finish_reason"]["type"] == "abort", last["finish_reason"]
     assert topk2_server.healthy()
     assert (

@@ -8,14 +8,11 @@ where the text repeats or an earlier answer is asked for again.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
-import threading
-import time
 
 import pytest
-import requests
 
 from tests.e2e.spec_metrics import accept_length
+from tests.harness.server import abort_mid_stream
 
 WIDTH = 8
 NEW_TOKENS = 48
@@ -135,33 +132,7 @@ def test_concurrent_requests_match_baseline(servers, tok):
 def test_abort_mid_generation_leaves_server_healthy(servers, tok):
     base, spec = servers
     ids = tok(CODE * 2)["input_ids"]
-    rid = "abort-me-" + str(time.time())
-    seen = []
-
-    def stream():
-        payload = {
-            "input_ids": ids,
-            "rid": rid,
-            "stream": True,
-            "sampling_params": {"max_new_tokens": 4000, "temperature": 0, "ignore_eos": True},
-        }
-        with requests.post(
-            spec.base_url + "/generate", json=payload, stream=True, timeout=120
-        ) as r:
-            for line in r.iter_lines():
-                if line.startswith(b"data:") and b"[DONE]" not in line:
-                    seen.append(json.loads(line[5:]))
-
-    t = threading.Thread(target=stream, daemon=True)
-    t.start()
-    deadline = time.time() + 60
-    while len(seen) < 3 and time.time() < deadline:
-        time.sleep(0.2)
-    assert seen, "stream produced nothing"
-    requests.post(spec.base_url + "/abort_request", json={"rid": rid}, timeout=30)
-    t.join(timeout=60)
-    assert not t.is_alive(), "aborted stream did not end"
-    last = seen[-1]["meta_info"]
+    last = abort_mid_stream(spec, ids, 4000)
     assert last["finish_reason"]["type"] == "abort", last["finish_reason"]
     assert last["completion_tokens"] < 4000
     assert spec.healthy()

@@ -188,3 +188,35 @@ class CPUServer:
             return requests.get(self.base_url + "/health", timeout=5).status_code == 200
         except requests.RequestException:
             return False
+
+
+def abort_mid_stream(server: CPUServer, input_ids: Sequence[int], max_new_tokens: int) -> dict:
+    """Stream a long greedy request, abort it by rid after a few chunks, and return the
+    ``meta_info`` of the last chunk seen (asserting the stream really ended)."""
+    import json
+    import threading
+
+    rid = f"abort-{time.time()}"
+    seen: list[dict] = []
+    payload = {"input_ids": list(input_ids), "rid": rid, "stream": True,
+               "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
+                                   "ignore_eos": True}}  # fmt: skip
+
+    def stream() -> None:
+        with requests.post(
+            server.base_url + "/generate", json=payload, stream=True, timeout=120
+        ) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data:") and b"[DONE]" not in line:
+                    seen.append(json.loads(line[5:]))
+
+    t = threading.Thread(target=stream, daemon=True)
+    t.start()
+    deadline = time.time() + 60
+    while len(seen) < 3 and time.time() < deadline:
+        time.sleep(0.2)
+    assert seen, "stream produced nothing"
+    requests.post(server.base_url + "/abort_request", json={"rid": rid}, timeout=30)
+    t.join(timeout=60)
+    assert not t.is_alive(), "aborted stream did not end"
+    return seen[-1]["meta_info"]
