@@ -26,3 +26,20 @@ def run_snippet(
         text=True,
         timeout=timeout,
     )
+
+
+#: The line a snippet prints its result on: ``print("RESULT " + json.dumps(res))``.
+RESULT_MARK = "RESULT "
+
+
+def snippet_result(
+    code: str, env: dict[str, str] | None = None, cpu_engine: bool = False
+) -> object:
+    """Run ``code`` (see :func:`run_snippet`) and return the JSON of its last ``RESULT``
+    line; fails with the snippet's output when it exits non-zero or prints none."""
+    import json
+
+    out = run_snippet(code, env=env, cpu_engine=cpu_engine)
+    lines = [line for line in out.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    assert out.returncode == 0 and lines, out.stdout[-3000:] + out.stderr[-5000:]
+    return json.loads(lines[-1][len(RESULT_MARK) :])

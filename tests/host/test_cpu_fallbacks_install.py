@@ -7,8 +7,6 @@ placeholders for ``sgl_kernel`` (sglang_spec_ext/sglang/cpu_placeholders.py) on 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from sglang_spec_ext.sglang.cpu_fallbacks.install import (
@@ -19,7 +17,7 @@ from sglang_spec_ext.sglang.cpu_fallbacks.install import (
     VERIFY_ATTENTION,
     VERIFY_ATTENTION_TARGET,
 )
-from tests.harness.subproc import run_snippet
+from tests.harness.subproc import snippet_result
 
 ALL_OPS = [f.op for f in FALLBACKS]
 UNSET_OPS = [f.op for f in UNSET_FALLBACKS]
@@ -92,10 +90,7 @@ print("RESULT " + json.dumps(res))
 
 
 def _result(code: str, env: dict[str, str] | None = None) -> dict:
-    out = run_snippet(code, env=env, cpu_engine=True)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    assert out.returncode == 0 and lines, out.stdout[-3000:] + out.stderr[-5000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return snippet_result(code, env=env, cpu_engine=True)
 
 
 def test_load_plugins_installs_every_fallback_into_the_host_modules():

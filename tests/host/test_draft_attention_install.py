@@ -4,10 +4,8 @@ with an error naming the flag (fresh interpreters: the host binds CPU paths at i
 
 from __future__ import annotations
 
-import json
-
 from sglang_spec_ext.sglang.draft_attention import DECODE_TARGET, EXTEND_TARGET, INSTALLED_NAME
-from tests.harness.subproc import run_snippet
+from tests.harness.subproc import snippet_result
 
 SCENARIO = """
 import json
@@ -52,10 +50,7 @@ print("RESULT " + json.dumps(res))
 
 
 def _result(code: str, env: dict[str, str] | None = None) -> dict:
-    out = run_snippet(code, env=env, cpu_engine=True)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    assert out.returncode == 0 and lines, out.stdout[-3000:] + out.stderr[-5000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return snippet_result(code, env=env, cpu_engine=True)
 
 
 def test_installs_on_the_cpu_engine_only_once_and_builds_torch_native_drafts():
@@ -76,9 +71,5 @@ def test_the_plugin_installs_it_through_its_runtime_hooks():
         "import json\nfrom sglang_spec_ext.sglang.runtime_hooks import install_runtime_hooks\n"
         "print('RESULT ' + json.dumps(install_runtime_hooks()))\n"
     )
-    out = run_snippet(code, cpu_engine=True)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    assert out.returncode == 0 and lines, out.stderr[-3000:]
-    assert INSTALLED_NAME in json.loads(lines[-1][len("RESULT ") :])
-    off = run_snippet(code, env={"SGLANG_SPEC_EXT_CPU_FALLBACKS": "0"}, cpu_engine=True)
-    assert INSTALLED_NAME not in json.loads(off.stdout.splitlines()[-1][len("RESULT ") :])
+    assert INSTALLED_NAME in _result(code)
+    assert INSTALLED_NAME not in _result(code, env={"SGLANG_SPEC_EXT_CPU_FALLBACKS": "0"})

@@ -7,9 +7,7 @@ builder (``kv_cache_configurator``) sees it, under the host's own published conf
 
 from __future__ import annotations
 
-import json
-
-from tests.harness.subproc import run_snippet
+from tests.harness.subproc import snippet_result
 
 MEASURE = """
 import json
@@ -42,10 +40,7 @@ res = {"before": measure()}
 
 
 def _run(code: str, env: dict[str, str] | None = None) -> dict:
-    proc = run_snippet(MEASURE + code + "\nprint('RESULT', json.dumps(res))\n", env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT ") :])
+    return snippet_result(MEASURE + code + "\nprint('RESULT', json.dumps(res))\n", env=env)
 
 
 def test_row_headroom_fix_covers_the_decode_reserve():

@@ -4,9 +4,7 @@ by the soak harness's short mode (tests/e2e/test_soak.py)."""
 
 from __future__ import annotations
 
-import json
-
-from tests.harness.subproc import run_snippet
+from tests.harness.subproc import snippet_result
 
 SNIPPET = """
 import json
@@ -36,9 +34,7 @@ print("RESULT " + json.dumps(res))
 
 
 def test_penalizer_options_are_refused_only_under_our_algorithms():
-    proc = run_snippet(SNIPPET)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads([x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
+    res = snippet_result(SNIPPET)
     for name in ("repetition", "frequency", "presence", "min_new"):
         msg = res[f"SUFFIX/{name}"]
         assert "not supported with --speculative-algorithm SUFFIX" in msg, msg
