@@ -22,7 +22,7 @@ Feedback: the accepted drafts per request of a step are read at the next
 decode step (so no extra device sync); the step time fed to the cost model is
 the wall time between two consecutive decode steps of the same batch size,
 which is what bounds decode throughput. With ``--tp-size`` > 1 the first TP
-rank's choice is broadcast to the others (:class:`TpWidthSync`), so all ranks
+rank's choice is broadcast to the others (``tp_sync.TpSync``), so all ranks
 verify the same shape. CUDA-graph runners are captured for
 the startup width only; other widths run eagerly (measured by the cost model
 like any other step). Tested end to end on the CPU engine only.
@@ -40,7 +40,6 @@ import torch
 from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
 from sglang_spec_ext.sglang.server_args import plugin_config
 from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
-from sglang_spec_ext.sglang.tp_sync import TpWidthSync, tp_source
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -71,22 +70,11 @@ def adaptive_config_for(max_width: int) -> AdaptiveConfig:
     return adaptive_config(plugin_config(), max_k=max_width - 1)
 
 
-def tp_width_sync() -> TpWidthSync | None:
-    """The width sync for this process's TP group, or None with a single TP rank."""
-    source = tp_source()
-    return None if source is None else TpWidthSync(*source)
-
-
 class AdaptiveSuffixWorker(SuffixWorker):
     """``--speculative-algorithm SUFFIX`` with ``SGLANG_SPEC_EXT_ADAPTIVE=1``."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._width_sync = tp_width_sync()
-
     def _init_drafter(self) -> None:
         super()._init_drafter()
-        self._width_sync: TpWidthSync | None = None
         self.max_width = self.draft_token_num
         self.controller = AdaptiveController(adaptive_config_for(self.max_width))
         self._width_buffers: dict[int, dict[str, Any]] = {}
@@ -145,8 +133,8 @@ class AdaptiveSuffixWorker(SuffixWorker):
         """The verify width of this decode step, the same on every TP rank."""
         k = self.controller.choose_k(bs, rids)
         width = max(1, min(k + 1, self.max_width))
-        if self._width_sync is not None:
-            width = self._width_sync(width)
+        if self._tp_sync is not None:
+            width = self._tp_sync.width(width)
         return width
 
     def _feed_back(self, now: float, bs: int) -> None:

@@ -38,7 +38,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from sglang_spec_ext.sglang.server_args import plugin_config
-from sglang_spec_ext.sglang.tp_sync import TpDraftSync, tp_source
+from sglang_spec_ext.sglang.tp_sync import TpSync, tp_sync
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter
 from sglang_spec_ext.suffix.draft import DraftTree
 from sglang_spec_ext.tree import pack_batch
@@ -149,8 +149,7 @@ class SuffixWorker(NGRAMWorker):
         self._prev_decode_rids: set = set()
         self.grammar_tree_host = None
         self._init_drafter()
-        source = tp_source()
-        self._draft_sync = None if source is None else TpDraftSync(*source)
+        self._tp_sync = tp_sync()
         logger.info(
             "SUFFIX worker: verify width %d, drafter backend %s, overlap %s",
             self.draft_token_num,
@@ -179,13 +178,13 @@ class SuffixWorker(NGRAMWorker):
         self._fault_log_suppressed = 0
         self._stats_logged_at: float | None = None
         self._stats_log_interval_s = config.stats_log_interval_s
-        self._draft_sync: TpDraftSync | None = None  # set by __init__ with TP > 1
+        self._tp_sync: TpSync | None = None  # set by __init__ with TP > 1
 
     # -- host NGRAM hooks we replace -----------------------------------------
     def _prepare_draft_tokens(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
         tokens, mask = self._local_drafts(batch)
-        if self._draft_sync is not None:  # TP: every rank verifies the first rank's drafts
-            tokens, mask = self._draft_sync(tokens, mask)
+        if self._tp_sync is not None:  # TP: every rank verifies the first rank's drafts
+            tokens, mask = self._tp_sync.drafts(tokens, mask)
         return tokens, mask
 
     def _local_drafts(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -56,7 +56,8 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
     for k in list(os.environ):
         if k.startswith("SGLANG_SPEC_EXT_"):
             del os.environ[k]
-    from sglang_spec_ext.sglang.adaptive_worker import AdaptiveSuffixWorker, TpWidthSync
+    from sglang_spec_ext.sglang.adaptive_worker import AdaptiveSuffixWorker
+    from sglang_spec_ext.sglang.tp_sync import TpSync
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     cpu_group = dist.new_group([0, 1], backend="gloo")
@@ -66,7 +67,7 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
         w.draft_token_num = MAX_WIDTH
         w._init_drafter()
         if synced:
-            w._width_sync = TpWidthSync(cpu_group, src=0)
+            w._tp_sync = TpSync(cpu_group, src=0)
         widths = []
         for step in range(STEPS):
             bs = BATCH_SIZES[step]
@@ -79,7 +80,6 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
     # Drafts: a fault absorbed on rank 1 only (its drafter fails for request "r1"),
     # so without the sync rank 1 would verify different tokens for that request.
     from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
-    from sglang_spec_ext.sglang.tp_sync import TpDraftSync
 
     for synced in (False, True):
         w = object.__new__(SuffixWorker)
@@ -87,7 +87,7 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
         w.enable_overlap = False
         w._init_drafter()
         if synced:
-            w._draft_sync = TpDraftSync(cpu_group, src=0)
+            w._tp_sync = TpSync(cpu_group, src=0)
         if rank == 1:
             real = w.drafter.speculate
 
