@@ -164,6 +164,24 @@ FIELDS: tuple[Field, ...] = (
     ),
     # Adaptive draft-width controller.
     Field("adaptive", bool, False, "choose the draft width per step from measured goodput"),
+    # HYBRID (suffix drafts + the host's model draft).
+    Field(
+        "hybrid_draft",
+        str,
+        "auto",
+        "HYBRID's model-draft path: auto (from the draft's architecture), standalone, eagle "
+        "or eagle3",
+        choices=("auto", "standalone", "eagle", "eagle3"),
+    ),
+    Field(
+        "hybrid_policy",
+        str,
+        "learned",
+        "HYBRID's choice per request and step: learned (larger expected accepted tokens), "
+        "arctic (suffix when its score >= the model draft length), match (suffix when its "
+        "match >= 4), suffix or model (one source only)",
+        choices=("learned", "arctic", "match", "suffix", "model"),
+    ),
 )
 
 _FIELD_BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
@@ -256,6 +274,8 @@ class PluginConfig:
     host_fixes: bool = True
     stats_log_interval_s: float = 30.0
     adaptive: bool = False
+    hybrid_draft: str = "auto"
+    hybrid_policy: str = "learned"
     # Where each value came from: field name -> "default" | "file" | "env".
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
     # Adaptive-controller options that differ from AdaptiveConfig's defaults.

@@ -12,8 +12,8 @@ import logging
 
 logger = logging.getLogger("sglang_spec_ext")
 
-#: Algorithm names this package registers, with their worker factories.
-ALGORITHMS: tuple[str, ...] = ("SUFFIX",)
+#: Algorithm names this package registers.
+ALGORITHMS: tuple[str, ...] = ("SUFFIX", "HYBRID")
 
 
 def register() -> list[str]:
@@ -31,17 +31,22 @@ def register() -> list[str]:
     from sglang.srt.speculative.spec_registry import get_spec
 
     from sglang_spec_ext.sglang.server_args import validate_server_args
-    from sglang_spec_ext.sglang.spec_class import ModelFreeSpecAlgo
+    from sglang_spec_ext.sglang.spec_class import HybridSpecAlgo, ModelFreeSpecAlgo
 
+    specs = {
+        "SUFFIX": (ModelFreeSpecAlgo, _worker_factory),
+        "HYBRID": (HybridSpecAlgo, _hybrid_worker_factory),
+    }
     for name in ALGORITHMS:
         if get_spec(name) is not None:
             continue
+        spec_class, factory = specs[name]
         SpeculativeAlgorithm.register(
             name,
             supports_overlap=True,
             validate_server_args=validate_server_args,
-            spec_class=ModelFreeSpecAlgo,
-        )(_worker_factory)
+            spec_class=spec_class,
+        )(factory)
 
     from sglang_spec_ext.sglang.runtime_hooks import install_runtime_hooks
 
@@ -60,3 +65,10 @@ def _worker_factory(server_args: object) -> type:
     from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
 
     return SuffixWorker
+
+
+def _hybrid_worker_factory(server_args: object) -> type:
+    from sglang_spec_ext.sglang.hybrid_worker import hybrid_worker_class
+    from sglang_spec_ext.sglang.server_args import hybrid_kind
+
+    return hybrid_worker_class(hybrid_kind())

@@ -9,6 +9,7 @@ dropped). Every rejection names the flag and what to use instead.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from sglang_spec_ext.config import ConfigError, PluginConfig, load_config
@@ -25,6 +26,11 @@ MAX_TREE_BREADTH = 8
 #: Host default for NGRAM-shaped algorithms; the same reasoning applies.
 DEFAULT_MAX_RUNNING_REQUESTS = 48
 SUPPORTED_DEVICES = ("cuda", "cpu", "xpu")
+HYBRID = "HYBRID"
+#: Set by validate_server_args in the launcher to the resolved HYBRID draft kind.
+HYBRID_KIND_ENV = "SGLANG_SPEC_EXT_HYBRID_DRAFT"
+#: Draft steps when --speculative-num-steps is not given (the host's EAGLE default chain).
+HYBRID_DEFAULT_STEPS = 3
 
 
 class IncompatibleServerArgs(ValueError):
@@ -74,10 +80,16 @@ def _flag_problems(algo: str, args: Any) -> list[str]:
         )
     if _get(args, "speculative_adaptive"):
         problems.append(
-            f"--speculative-adaptive: the host's adaptive steps only drive EAGLE chains; "
-            f"for {algo} drop the flag and set SGLANG_SPEC_EXT_ADAPTIVE=1"
+            "--speculative-adaptive: the host's adaptive steps only drive EAGLE chains; "
+            + (
+                "HYBRID runs at a fixed width for now: drop the flag"
+                if algo == HYBRID
+                else f"for {algo} drop the flag and set SGLANG_SPEC_EXT_ADAPTIVE=1"
+            )
         )
-    if _get(args, "speculative_draft_model_path"):
+    if algo == HYBRID:
+        problems += _hybrid_problems(args)
+    elif _get(args, "speculative_draft_model_path"):
         problems.append(
             f"--speculative-draft-model-path: {algo} is model-free and loads no draft "
             "model; drop the flag"
@@ -90,7 +102,7 @@ def _flag_problems(algo: str, args: Any) -> list[str]:
     if _get(args, "enable_two_batch_overlap"):
         problems.append(f"--enable-two-batch-overlap: not supported with {algo}; drop the flag")
     width = _get(args, "speculative_num_draft_tokens")
-    if width is not None and not (2 <= int(width) <= MAX_NUM_DRAFT_TOKENS):
+    if algo != HYBRID and width is not None and not (2 <= int(width) <= MAX_NUM_DRAFT_TOKENS):
         problems.append(
             f"--speculative-num-draft-tokens {width}: the verify width (root included) "
             f"must be in [2, {MAX_NUM_DRAFT_TOKENS}] for {algo}"
@@ -101,11 +113,108 @@ def _flag_problems(algo: str, args: Any) -> list[str]:
 def validate_server_args(args: Any) -> None:
     """Host hook ``validate_server_args``: reject bad config and incompatible flags."""
     algo = str(_get(args, "speculative_algorithm") or "SUFFIX").upper()
-    plugin_config()
+    config = plugin_config()
     problems = _flag_problems(algo, args)
     if problems:
         raise IncompatibleServerArgs(
             f"--speculative-algorithm {algo} cannot start:\n  - " + "\n  - ".join(problems)
+        )
+    if algo == HYBRID:
+        from sglang_spec_ext.sglang.hybrid_worker import draft_kind
+
+        # Resolved once, here in the launcher; the scheduler processes inherit it.
+        kind = draft_kind(_get(args, "speculative_draft_model_path"), config.hybrid_draft)
+        os.environ[HYBRID_KIND_ENV] = kind
+        logger.info("HYBRID: the model draft runs as the host's %s draft", kind.upper())
+
+
+def hybrid_kind() -> str:
+    """The model-draft kind HYBRID runs (resolved by ``validate_server_args``)."""
+    kind = os.environ.get(HYBRID_KIND_ENV, "auto")
+    return "standalone" if kind == "auto" else kind
+
+
+def _hybrid_problems(args: Any) -> list[str]:
+    problems = []
+    if not _get(args, "speculative_draft_model_path"):
+        problems.append(
+            "--speculative-draft-model-path is missing: HYBRID needs a draft model (a small "
+            "causal LM with the target's vocabulary, or an EAGLE/EAGLE3 head); for drafts "
+            "without a model use --speculative-algorithm SUFFIX"
+        )
+    if _get(args, "speculative_use_rejection_sampling"):
+        problems.append(
+            "--speculative-use-rejection-sampling: suffix drafts carry no proposal "
+            "distribution; drop the flag (sampled requests are verified exactly without it)"
+        )
+    if plugin_config().adaptive:
+        problems.append(
+            "SGLANG_SPEC_EXT_ADAPTIVE=1: the adaptive controller drives SUFFIX only; HYBRID "
+            "runs at the fixed --speculative-num-steps / --speculative-num-draft-tokens: unset it"
+        )
+    if _get(args, "enable_multi_layer_eagle"):
+        problems.append("--enable-multi-layer-eagle: not supported with HYBRID; drop the flag")
+    steps = _get(args, "speculative_num_steps")
+    topk = _get(args, "speculative_eagle_topk")
+    width = _get(args, "speculative_num_draft_tokens")
+    for flag, value, lo, hi in (
+        ("--speculative-num-steps", steps, 1, MAX_NUM_DRAFT_TOKENS - 1),
+        ("--speculative-eagle-topk", topk, 1, MAX_TREE_BREADTH),
+        ("--speculative-num-draft-tokens", width, 2, MAX_NUM_DRAFT_TOKENS),
+    ):
+        if value is not None and not lo <= int(value) <= hi:
+            problems.append(f"{flag} {value}: must be in [{lo}, {hi}] for HYBRID")
+    return problems
+
+
+def handle_hybrid_server_args(algo: str, args: Any) -> None:
+    """Host hook ``handle_server_args`` for HYBRID: the host's model-draft settings
+    (as its STANDALONE/EAGLE handling resolves them) plus what HYBRID needs."""
+    if not _get(args, "disable_overlap_schedule"):
+        args.disable_overlap_schedule = True
+        logger.warning(
+            "%s: overlap scheduling turned off (the suffix drafter reads committed tokens "
+            "from the request, which lag one step under overlap).",
+            algo,
+        )
+    if _get(args, "max_running_requests") is None:
+        args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
+        logger.warning(
+            "%s: --max-running-requests defaults to %d; set it explicitly to change.",
+            algo,
+            DEFAULT_MAX_RUNNING_REQUESTS,
+        )
+    if _get(args, "enable_mixed_chunk"):
+        logger.warning("%s: mixed chunked prefill is turned off (host limitation).", algo)
+    args.enable_mixed_chunk = False
+    steps = _get(args, "speculative_num_steps")
+    topk = _get(args, "speculative_eagle_topk")
+    width = _get(args, "speculative_num_draft_tokens")
+    if steps is None:
+        steps = HYBRID_DEFAULT_STEPS
+        args.speculative_num_steps = steps
+    if topk is None:
+        topk = 1
+        args.speculative_eagle_topk = topk
+    if topk == 1 and width != steps + 1:
+        if width is not None:
+            logger.warning(
+                "%s: --speculative-num-draft-tokens is %d with --speculative-eagle-topk 1: "
+                "the host verifies a chain of --speculative-num-steps + 1 = %d tokens",
+                algo,
+                width,
+                steps + 1,
+            )
+        args.speculative_num_draft_tokens = steps + 1
+    elif width is None:
+        args.speculative_num_draft_tokens = min(steps * topk + 1, MAX_NUM_DRAFT_TOKENS)
+    page_size = _get(args, "page_size") or 1
+    backend = _get(args, "attention_backend")
+    if topk > 1 and page_size > 1 and backend not in (None, "flashinfer", "fa3", "triton"):
+        raise IncompatibleServerArgs(
+            f"--page-size {page_size} with --attention-backend {backend}: tree drafts "
+            "(--speculative-eagle-topk > 1) need page size 1 or the flashinfer, fa3 or triton "
+            "backend; use --page-size 1 or --speculative-eagle-topk 1"
         )
 
 

@@ -21,7 +21,28 @@ if TYPE_CHECKING:
     import torch
 
 
-class ModelFreeSpecAlgo(CustomSpecAlgo):
+class _PluginSpecAlgo(CustomSpecAlgo):
+    """What every algorithm of ours answers alike: the host's future map, no platform worker."""
+
+    def create_future_map(
+        self,
+        device: torch.device,
+        req_to_token_pool: Any,
+        needs_cpu_seq_lens: bool = True,
+        needs_confidence_relay: bool = False,
+    ) -> Any:
+        from sglang.srt.managers.overlap_utils import FutureMap
+
+        return FutureMap(
+            device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay
+        )
+
+    def get_platform_worker_cls(self) -> type | None:
+        # Our workers are the same on every platform the host's paths support.
+        return None
+
+
+class ModelFreeSpecAlgo(_PluginSpecAlgo):
     """Spec class for drafters without a draft model (SUFFIX)."""
 
     def is_ngram(self) -> bool:
@@ -40,24 +61,44 @@ class ModelFreeSpecAlgo(CustomSpecAlgo):
     def carries_draft_hidden_states(self) -> bool:
         return False
 
-    def create_future_map(
-        self,
-        device: torch.device,
-        req_to_token_pool: Any,
-        needs_cpu_seq_lens: bool = True,
-        needs_confidence_relay: bool = False,
-    ) -> Any:
-        from sglang.srt.managers.overlap_utils import FutureMap
-
-        return FutureMap(
-            device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay
-        )
-
-    def get_platform_worker_cls(self) -> type | None:
-        # Our worker is the same on every platform the NGRAM path supports.
-        return None
-
     def handle_server_args(self, server_args: Any) -> None:
         from sglang_spec_ext.sglang.server_args import handle_server_args
 
         handle_server_args(self.name, server_args)
+
+
+class HybridSpecAlgo(_PluginSpecAlgo):
+    """Spec class for HYBRID: the host's model-draft route, answering as STANDALONE or
+    EAGLE/EAGLE3 according to the draft kind (``server_args.hybrid_kind``), so the
+    scheduler, memory sizing and model runners treat the draft model as the host does."""
+
+    def _kind(self) -> str:
+        from sglang_spec_ext.sglang.server_args import hybrid_kind
+
+        return hybrid_kind()
+
+    def is_standalone(self) -> bool:
+        return self._kind() == "standalone"
+
+    def is_eagle(self) -> bool:
+        return self._kind() in ("eagle", "eagle3")
+
+    def is_eagle3(self) -> bool:
+        return self._kind() == "eagle3"
+
+    def supports_mixed_chunk(self) -> bool:
+        return False
+
+    def has_draft_kv(self) -> bool:
+        return True
+
+    def need_topk(self) -> bool:
+        return True
+
+    def carries_draft_hidden_states(self) -> bool:
+        return self.is_eagle()
+
+    def handle_server_args(self, server_args: Any) -> None:
+        from sglang_spec_ext.sglang.server_args import handle_hybrid_server_args
+
+        handle_hybrid_server_args(self.name, server_args)

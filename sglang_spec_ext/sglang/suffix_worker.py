@@ -25,6 +25,7 @@ request id. A fault while dropping a session resets the whole drafter.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -157,10 +158,22 @@ class SuffixWorker(NGRAMWorker):
             self.enable_overlap,
         )
 
-    def _init_drafter(self) -> None:
+    @classmethod
+    def drafting_only(cls, use_tree: bool | None = None) -> SuffixWorker:
+        """The drafter and its request sessions without the host worker: what HYBRID
+        (``hybrid_worker.py``) composes. ``use_tree=False`` drafts chains."""
+        worker = object.__new__(cls)
+        worker.enable_overlap = False
+        worker._init_drafter(use_tree)
+        return worker
+
+    def _init_drafter(self, use_tree: bool | None = None) -> None:
         """The drafter and its per-request sessions (no host runtime context needed)."""
         config = plugin_config()
-        self.drafter = SuffixDrafter(suffix_config_from_plugin_config(), backend=config.backend)
+        suffix_config = suffix_config_from_plugin_config()
+        if use_tree is not None and use_tree != suffix_config.use_tree:
+            suffix_config = dataclasses.replace(suffix_config, use_tree=use_tree)
+        self.drafter = SuffixDrafter(suffix_config, backend=config.backend)
         if self.drafter.backend != "native" and config.backend == "auto":
             logger.warning(
                 "SUFFIX: the native suffix-tree core (sglang_spec_ext.suffix._native) is not "

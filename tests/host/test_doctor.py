@@ -21,7 +21,10 @@ def test_doctor_passes_in_the_test_environment(tmp_path):
     assert "discovered and run by the host's load_plugins()" in res.stdout
     assert "--speculative-algorithm SUFFIX resolves in the host" in res.stdout
     data = json.loads(out_json.read_text())
-    assert data["ok"] is True and data["registration"]["algorithms"] == {"SUFFIX": True}
+    assert data["ok"] is True and data["registration"]["algorithms"] == {
+        "SUFFIX": True,
+        "HYBRID": True,
+    }
 
 
 def test_doctor_reports_a_missing_host_with_the_fix():

@@ -44,9 +44,9 @@ def test_register_is_idempotent_in_process():
     from sglang_spec_ext.plugin import register
 
     first = register()
-    spec = _REGISTRY["SUFFIX"]
-    assert register() == first == ["SUFFIX"]
-    assert _REGISTRY["SUFFIX"] is spec
+    specs = {name: _REGISTRY[name] for name in ("SUFFIX", "HYBRID")}
+    assert register() == first == ["SUFFIX", "HYBRID"]
+    assert all(_REGISTRY[name] is spec for name, spec in specs.items())
 
 
 def test_unsupported_host_version_refuses_with_range(monkeypatch):

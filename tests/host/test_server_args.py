@@ -122,3 +122,63 @@ def test_unknown_config_variable_stops_resolution(model_dir, monkeypatch):
     monkeypatch.setenv("SGLANG_SPEC_EXT_MAX_DEPHT", "3")
     with pytest.raises(ConfigError, match="unknown variable.*SGLANG_SPEC_EXT_MAX_DEPHT"):
         resolve(model_dir)
+
+
+def resolve_hybrid(model_dir, *extra):
+    sa = prepare_server_args(
+        ["--model-path", model_dir, "--device", "cpu", "--attention-backend", "torch_native",
+         "--speculative-algorithm", "hybrid", *extra]
+    )  # fmt: skip
+    sa.resolve_once()
+    sa.check_server_args()
+    return resolved_view(sa)
+
+
+def test_hybrid_resolves_the_host_model_draft_settings(model_dir):
+    import os
+
+    from sglang_spec_ext.sglang.server_args import HYBRID_KIND_ENV
+
+    v = resolve_hybrid(model_dir, "--speculative-draft-model-path", model_dir)
+    assert v.speculative_algorithm == "HYBRID"
+    assert (v.speculative_num_steps, v.speculative_eagle_topk) == (3, 1)
+    assert v.speculative_num_draft_tokens == 4  # a topk-1 chain: steps + 1
+    assert v.disable_overlap_schedule is True and v.enable_mixed_chunk is False
+    assert os.environ[HYBRID_KIND_ENV] == "standalone"  # a plain causal LM draft
+    v = resolve_hybrid(model_dir, "--speculative-draft-model-path", model_dir,
+                       "--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
+                       "--speculative-num-draft-tokens", "6")  # fmt: skip
+    assert (v.speculative_num_steps, v.speculative_eagle_topk) == (2, 2)
+    assert v.speculative_num_draft_tokens == 6
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ((), "--speculative-draft-model-path is missing"),
+        (("--speculative-use-rejection-sampling",), "--speculative-use-rejection-sampling"),
+        (("--speculative-eagle-topk", "9"), "--speculative-eagle-topk 9"),
+    ],
+)
+def test_hybrid_bad_flags_are_rejected_with_the_flag_named(model_dir, flags, message):
+    extra = () if not flags else ("--speculative-draft-model-path", model_dir)
+    with pytest.raises(Exception, match=message):
+        resolve_hybrid(model_dir, *extra, *flags)
+
+
+@pytest.mark.parametrize(
+    ("architectures", "kind"),
+    [(["LlamaForCausalLM"], "standalone"), (["LlamaForCausalLMEagle3"], "eagle3"),
+     (["LlamaForCausalLMEagle"], "eagle"), ([], "standalone")],
+)  # fmt: skip
+def test_hybrid_draft_kind_follows_the_draft_architecture(tmp_path, architectures, kind):
+    import json
+
+    from sglang_spec_ext.sglang.hybrid_worker import draft_kind
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": architectures}))
+    assert draft_kind(str(tmp_path)) == kind
+    assert draft_kind(str(tmp_path), "eagle") == "eagle"  # the setting overrides detection
+    assert draft_kind("org/hub-id") == "standalone"
+    with pytest.raises(ValueError, match="hybrid_draft"):
+        draft_kind(str(tmp_path), "medusa")

@@ -8,7 +8,9 @@ import pytest
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import _assert_custom_spec_algo_conforms
 
-from sglang_spec_ext.sglang.spec_class import ModelFreeSpecAlgo
+from sglang_spec_ext.sglang.spec_class import HybridSpecAlgo, ModelFreeSpecAlgo
+
+OUR_CLASSES = (ModelFreeSpecAlgo, HybridSpecAlgo)
 
 # Class-level constructors of the enum, not per-algorithm behaviour.
 ENUM_CLASS_API = {"from_string", "register"}
@@ -31,24 +33,41 @@ def test_enum_interface_is_non_trivial():
     assert len(methods) > 20
 
 
-def test_spec_class_covers_every_public_enum_method():
-    missing = sorted(_enum_public_methods() - set(dir(ModelFreeSpecAlgo)))
-    assert not missing, (
-        f"host SpeculativeAlgorithm gained methods ModelFreeSpecAlgo lacks: {missing}"
-    )
+@pytest.mark.parametrize("cls", OUR_CLASSES)
+def test_spec_class_covers_every_public_enum_method(cls):
+    missing = sorted(_enum_public_methods() - set(dir(cls)))
+    assert not missing, f"host SpeculativeAlgorithm gained methods {cls.__name__} lacks: {missing}"
 
 
-def test_spec_class_overrides_what_the_default_custom_algo_lacks():
+@pytest.mark.parametrize("cls", OUR_CLASSES)
+def test_spec_class_overrides_what_the_default_custom_algo_lacks(cls):
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
     lacking_in_default = _enum_public_methods() - set(dir(CustomSpecAlgo))
-    assert lacking_in_default, "host default now complete: revisit ModelFreeSpecAlgo"
+    assert lacking_in_default, f"host default now complete: revisit {cls.__name__}"
     for name in lacking_in_default:
-        assert name in vars(ModelFreeSpecAlgo), name
+        assert callable(getattr(cls, name, None)), name
 
 
-def test_host_conformance_check_accepts_it():
-    _assert_custom_spec_algo_conforms(ModelFreeSpecAlgo)
+@pytest.mark.parametrize("cls", OUR_CLASSES)
+def test_host_conformance_check_accepts_it(cls):
+    _assert_custom_spec_algo_conforms(cls)
+
+
+@pytest.mark.parametrize(
+    ("kind", "standalone", "eagle", "eagle3"),
+    [("standalone", True, False, False), ("eagle", False, True, False),
+     ("eagle3", False, True, True), ("auto", True, False, False)],
+)  # fmt: skip
+def test_hybrid_answers_as_the_host_model_draft_route(monkeypatch, kind, standalone, eagle, eagle3):
+    from sglang_spec_ext.sglang.server_args import HYBRID_KIND_ENV
+
+    monkeypatch.setenv(HYBRID_KIND_ENV, kind)
+    algo = HybridSpecAlgo(name="HYBRID", factory=lambda sa: object, supports_overlap=True)
+    assert algo.is_standalone() is standalone and algo.is_eagle() is eagle
+    assert algo.is_eagle3() is eagle3 and algo.carries_draft_hidden_states() is eagle
+    assert not algo.is_ngram() and algo.has_draft_kv() and algo.need_topk()
+    assert not algo.supports_mixed_chunk() and algo.get_platform_worker_cls() is None
 
 
 @pytest.fixture

@@ -275,7 +275,7 @@ def build_tree_kernel_efficient_cpu(
 
     seq_len = verified_seq_len.reshape(-1).to(torch.int64)
     _flat(positions)[: bs * n] = (hops + seq_len[:, None]).reshape(-1).to(positions.dtype)
-    _write_tree_mask(tree_mask, rows, seq_len, tree_mask_mode)
+    write_tree_mask(tree_mask, rows, seq_len, tree_mask_mode)
     _rows(retrive_index, bs, n).copy_(batch * n + node)
 
     # Links: children of p in ascending order; the largest child inherits any link
@@ -294,22 +294,33 @@ def build_tree_kernel_efficient_cpu(
     next_token.copy_(torch.where(first_child < n, first_child, next_token))
 
 
-def _write_tree_mask(
-    tree_mask: torch.Tensor, rows: torch.Tensor, seq_len: torch.Tensor, mode: int
+def write_tree_mask(
+    tree_mask: torch.Tensor,
+    rows: torch.Tensor,
+    seq_len: torch.Tensor,
+    mode: int,
+    which: torch.Tensor | None = None,
 ) -> None:
-    """Store the ``[bs, n, n]`` draft part of the tree mask in the host's layout."""
-    bs, n, _ = rows.shape
+    """Store the ``[k, n, n]`` draft part of the tree mask in the host's layout.
+
+    ``seq_len`` covers the whole batch; ``rows`` are its requests ``which`` (default:
+    all of them, in order), so a caller can rewrite some requests' trees in place.
+    """
+    k, n, _ = rows.shape
     device = rows.device
     node = torch.arange(n, device=device)
+    if which is None:
+        which = torch.arange(k, device=device)
+    which = which.to(device=device, dtype=torch.int64)
     if mode == QLEN_ONLY_BITPACKING:
         if n > 32:
             raise ValueError("QLEN_ONLY_BITPACKING supports at most 32 draft tokens")
         width = 4 if n > 16 else (2 if n > 8 else 1)
-        packed = (rows.to(torch.int64) << node).sum(-1).reshape(-1)  # [bs * n]
+        packed = (rows.to(torch.int64) << node).sum(-1).reshape(-1)  # [k * n]
         shifts = torch.arange(width, device=device) * 8
-        parts = (packed[:, None] >> shifts) & 0xFF  # [bs * n, width] bytes, little endian
+        parts = (packed[:, None] >> shifts) & 0xFF  # [k * n, width] bytes, little endian
         flat = tree_mask.view(torch.uint8).view(-1)
-        start = torch.arange(bs * n, device=device) * width
+        start = (which[:, None] * n + node).reshape(-1) * width
         old = flat[start[:, None] + torch.arange(width, device=device)].to(torch.int64)
         old[:, 0] = 0  # the kernel assigns byte 0 and ORs into the others
         flat[(start[:, None] + torch.arange(width, device=device)).reshape(-1)] = (
@@ -317,11 +328,12 @@ def _write_tree_mask(
         )
         return
     if mode == FULL_MASK:
-        before = torch.cumsum(seq_len, 0) - seq_len
-        base = n * n * torch.arange(bs, device=device) + n * before  # [b]
-        start = base[:, None] + (seq_len[:, None] + n) * node + seq_len[:, None]  # [b, i]
+        before = (torch.cumsum(seq_len, 0) - seq_len)[which]
+        own = seq_len[which]
+        base = n * n * which + n * before  # [k]
+        start = base[:, None] + (own[:, None] + n) * node + own[:, None]  # [k, i]
     elif mode == QLEN_ONLY:
-        start = n * (n * torch.arange(bs, device=device)[:, None] + node)
+        start = n * (n * which[:, None] + node)
     else:
         raise ValueError(f"unknown tree_mask_mode {mode}")
     flat = _flat(tree_mask)

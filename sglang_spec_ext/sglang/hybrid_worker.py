@@ -1,0 +1,402 @@
+"""The HYBRID speculative worker: the host's model-draft worker plus the SUFFIX drafter.
+
+``--speculative-algorithm HYBRID --speculative-draft-model-path DRAFT`` runs the
+host's own model-draft path (``StandaloneWorkerV2`` for a plain causal LM draft,
+``EAGLEWorkerV2`` for an EAGLE or EAGLE3 head; :func:`draft_kind`) unchanged, and
+adds one thing between its draft and its verify: per request, the suffix drafter's
+draft replaces the model's draft when its expected accepted tokens are larger
+(``sglang_spec_ext/hybrid.py``: scores of both sources mapped to accepted tokens by
+statistics learned from this server's own verify results).
+
+How the replacement stays exact:
+
+* the suffix draft is written into the host's verify input rows of that request
+  (tokens, tree mask in the host's mask layout, positions, first-child and
+  next-sibling links): the host verifies it exactly as it verifies its own trees,
+  greedy or sampled. With ``--speculative-eagle-topk 1`` the suffix draft is a chain
+  (the host treats a topk-1 accepted path as the front chain); with topk > 1 it is a
+  tree of up to ``--speculative-num-draft-tokens - 1`` nodes (``spec_steps`` of the
+  verify input is raised to the tree's depth bound);
+* the draft model's KV cache does not depend on which draft won: the host's
+  draft-extend after verify runs the draft model over the *committed* tokens, whatever
+  proposed them, and the multi-step draft's own KV slots are rewritten next step.
+
+The draft model's confidence (its per-step top probability) is read from the draft
+runner's logits while it drafts; where the host runs the draft through CUDA graphs
+the logits are not visible and the model's score falls back to the neutral 1.0 per
+step (the learned map then holds the model's mean acceptance).
+
+Overlap scheduling is turned off for HYBRID (the suffix drafter reads each request's
+committed tokens from the request, which lag one step under overlap). With
+``--tp-size`` > 1 the first rank's choices and suffix rows are broadcast
+(``tp_sync.TpSync``). Faults in the suffix/choice path fall back to the model draft
+for that step (lossless: the model draft is verified as usual) and are counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from sglang_spec_ext.hybrid import MODEL, SUFFIX, Candidate, HybridState, chain_score
+from sglang_spec_ext.sglang.server_args import plugin_config
+from sglang_spec_ext.sglang.tp_sync import tp_sync
+from sglang_spec_ext.suffix.draft import DraftTree
+from sglang_spec_ext.tree import retrieve_links, tree_mask
+
+logger = logging.getLogger("sglang_spec_ext")
+
+#: INFO line with HYBRID's per-source figures (JSON after the mark).
+STATS_LOG_MARK = "sglang-spec-ext hybrid stats: "
+#: Draft kinds and the host worker each runs on.
+DRAFT_KINDS = ("standalone", "eagle", "eagle3")
+
+
+def draft_kind_from_architectures(architectures: list[str]) -> str:
+    """``eagle3`` / ``eagle`` for the host's EAGLE head architectures, else ``standalone``."""
+    names = " ".join(architectures or []).lower()
+    if "eagle3" in names:
+        return "eagle3"
+    if "eagle" in names:
+        return "eagle"
+    return "standalone"
+
+
+def draft_kind(draft_path: str | None, setting: str = "auto") -> str:
+    """The model-draft path HYBRID runs: ``setting`` unless ``auto``, else detected from
+    the draft's ``config.json`` architectures (a directory); a hub id or unreadable
+    config counts as a plain causal LM (``standalone``)."""
+    if setting != "auto":
+        if setting not in DRAFT_KINDS:
+            raise ValueError(f"hybrid_draft={setting!r} is invalid: expected auto or {DRAFT_KINDS}")
+        return setting
+    from pathlib import Path
+
+    if not draft_path:
+        return "standalone"
+    config = Path(draft_path) / "config.json"
+    try:
+        architectures = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return "standalone"
+    return draft_kind_from_architectures(architectures)
+
+
+def _model_tree(
+    tokens: list[int], next_token: list[int], next_sibling: list[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(tokens, parents) of the draft nodes of a host verify row (root at index 0)."""
+    parent: dict[int, int] = {}
+    for node in range(len(tokens)):
+        child, hops = next_token[node], 0
+        while child != -1 and hops < len(tokens):
+            parent[child] = node
+            child, hops = next_sibling[child], hops + 1
+    order = sorted(parent)  # host nodes are topologically ordered by index
+    index = {node: i for i, node in enumerate(order)}
+    parents = tuple(index[parent[n]] if parent[n] else -1 for n in order)
+    return tuple(tokens[n] for n in order), parents
+
+
+class HybridMixin:
+    """HYBRID's additions to a host model-draft worker (see the module docstring)."""
+
+    def _init_hybrid(self) -> None:
+        from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
+
+        config = plugin_config()
+        self.hybrid = HybridState(config.hybrid_policy)
+        self._width = self.speculative_num_draft_tokens
+        self._suffix = SuffixWorker.drafting_only(use_tree=self.topk > 1)
+        self._phase: str | None = None
+        self._captured: list[torch.Tensor] = []
+        self._first_prob: dict[str, float] = {}
+        self._choice: list[str] = []
+        self._rids: set[str] = set()
+        self._hybrid_faults = 0
+        self._stats_logged_at: float | None = None
+        self._stats_interval = config.stats_log_interval_s
+        self._tp = tp_sync()
+        draft = self._draft_worker
+        runner_forward = draft.draft_runner.forward
+        draft_fn = draft.draft
+        extend_decode = draft._draft_extend_for_decode
+        extend_prefill = draft._draft_extend_for_prefill
+
+        def forward(forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+            out = runner_forward(forward_batch, *args, **kwargs)
+            if self._phase is not None:
+                self._capture(out)
+            return out
+
+        def draft_hybrid(batch: Any, *, with_topology: bool = False) -> Any:
+            self._captured = []
+            self._phase = "draft"
+            try:
+                verify_input = draft_fn(batch, with_topology=with_topology)
+            finally:
+                self._phase = None
+            if not with_topology and not batch.forward_mode.is_idle() and batch.reqs:
+                self._choose_and_splice(batch, verify_input)
+            return verify_input
+
+        def extend_for_decode(batch: Any, batch_result: Any, **kwargs: Any) -> Any:
+            self._captured = []
+            self._phase = "extend"
+            try:
+                return extend_decode(batch, batch_result, **kwargs)
+            finally:
+                self._phase = None
+                self._keep_first_probs(batch, batch_result.accept_lens)
+
+        def extend_for_prefill(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            self._captured = []
+            self._phase = "extend"
+            try:
+                return extend_prefill(batch, *args, **kwargs)
+            finally:
+                self._phase = None
+                self._keep_first_probs(batch, None)
+
+        draft.draft_runner.forward = forward
+        draft.draft = draft_hybrid
+        draft._draft_extend_for_decode = extend_for_decode
+        draft._draft_extend_for_prefill = extend_for_prefill
+        logger.info(
+            "HYBRID worker: %s draft, verify width %d, topk %d, steps %d, policy %s, suffix "
+            "drafter backend %s",
+            type(self).__name__,
+            self._width,
+            self.topk,
+            self.speculative_num_steps,
+            config.hybrid_policy,
+            self._suffix.drafter.backend,
+        )
+
+    # -- the draft model's confidence --------------------------------------------
+    def _capture(self, out: Any) -> None:
+        logits = getattr(getattr(out, "logits_output", None), "next_token_logits", None)
+        if logits is None or logits.dim() != 2:
+            return
+        self._captured.append(torch.softmax(logits.float(), dim=-1).amax(dim=-1).cpu())
+
+    def _keep_first_probs(self, batch: Any, accept_lens: Any) -> None:
+        """The top probability of each request's next first draft token (from the
+        draft extend's logits): the last committed position of each request."""
+        captured, self._captured = self._captured, []
+        bs = len(batch.reqs)
+        if not captured or not bs:
+            return
+        probs = captured[-1]
+        if probs.numel() == bs:
+            rows = probs.tolist()
+        elif accept_lens is not None and probs.numel() == bs * self._width:
+            lens = accept_lens.cpu().to(torch.int64)
+            idx = torch.arange(bs, dtype=torch.int64) * self._width + lens - 1
+            rows = probs[idx].tolist()
+        else:
+            return
+        for req, p in zip(batch.reqs, rows, strict=True):
+            self._first_prob[req.rid] = float(p)
+
+    def _model_step_probs(self, bs: int) -> np.ndarray:
+        """[bs, steps - 1] top probabilities of the draft forwards this step (the best
+        branch of each request for tree drafts); empty columns when not captured."""
+        cols = []
+        for probs in self._captured:
+            if probs.numel() % bs:
+                continue
+            cols.append(probs.view(bs, -1).amax(dim=-1).numpy())
+        self._captured = []
+        return np.stack(cols, axis=1) if cols else np.zeros((bs, 0))
+
+    # -- choice and splice ---------------------------------------------------------
+    def _choose_and_splice(self, batch: Any, verify_input: Any) -> None:
+        bs = len(batch.reqs)
+        self._choice = [MODEL] * bs
+        try:
+            self._close_departed(batch)
+            flags, tokens, masks = self._decide(batch, verify_input)
+            if self._tp is not None:
+                flags, tokens, masks = self._tp_share(flags, tokens, masks)
+            rows = [b for b in range(bs) if flags[b]]
+            if rows:
+                self._splice(batch, verify_input, rows, tokens, masks)
+            self._choice = [SUFFIX if flags[b] else MODEL for b in range(bs)]
+        except Exception as exc:  # keep the model's drafts: verify stays exact
+            self._hybrid_faults += 1
+            self._choice = [MODEL] * bs
+            if self._hybrid_faults == 1 or self._hybrid_faults % 1000 == 0:
+                logger.warning(
+                    "HYBRID: suffix drafting or choice failed (%s: %s); model drafts for this "
+                    "step; %d such steps so far",
+                    type(exc).__name__,
+                    exc,
+                    self._hybrid_faults,
+                    exc_info=self._hybrid_faults == 1,
+                )
+        self._maybe_log_stats()
+
+    def _close_departed(self, batch: Any) -> None:
+        current = {req.rid for req in batch.reqs}
+        gone = self._rids - current
+        if gone:
+            self._suffix.close_sessions(sorted(gone))
+            for rid in gone:
+                self.hybrid.finish(rid)
+                self._first_prob.pop(rid, None)
+        self._rids = current
+
+    def _decide(self, batch: Any, verify_input: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per request: whether the suffix draft wins, and its packed row (tokens, mask)."""
+        bs, width = len(batch.reqs), self._width
+        step_probs = self._model_step_probs(bs)
+        host_tokens = verify_input.draft_token.view(bs, width).cpu().tolist()
+        next_tok = verify_input.retrieve_next_token.view(bs, width).cpu().tolist()
+        next_sib = verify_input.retrieve_next_sibling.view(bs, width).cpu().tolist()
+        flags = np.zeros(bs, dtype=np.int64)
+        tokens = np.zeros((bs, width), dtype=np.int64)
+        masks = np.zeros((bs, width, width), dtype=bool)
+
+        rids, committed = [], []
+        for req in batch.reqs:
+            prev = self._suffix._sessions.get(req.rid)
+            before = prev.synced if prev is not None else None
+            ok = self._suffix._guarded("sync", req.rid, self._suffix._sync, req, [])
+            out = req.output_ids
+            if ok and before is not None and len(out) >= before:
+                self.hybrid.ledger.commit(req.rid, list(out[before:]))
+            else:  # a new, restarted or faulted session: its pending drafts are void
+                self.hybrid.finish(req.rid)
+            rids.append(req.rid if ok else None)
+            committed.append(len(out))
+        live = [r for r in rids if r is not None and r in self._suffix.drafter]
+        trees = iter(self._suffix._speculate(live, width - 1))
+        for b, req in enumerate(batch.reqs):
+            tree = next(trees) if rids[b] is not None and rids[b] in live else DraftTree()
+            m_tokens, m_parents = _model_tree(host_tokens[b], next_tok[b], next_sib[b])
+            p = [self._first_prob.get(req.rid, 1.0), *step_probs[b].tolist()]
+            model = Candidate(MODEL, m_tokens, m_parents, chain_score(p[: len(m_tokens)]))
+            suffix = Candidate(SUFFIX, tuple(tree.tokens), tuple(tree.parents), tree.score,
+                               tree.match_len)  # fmt: skip
+            if self.hybrid.choose(req.rid, committed[b], suffix, model) != SUFFIX:
+                continue
+            flags[b] = 1
+            tokens[b, 0] = host_tokens[b][0]  # the root: the last committed token
+            tokens[b, 1 : 1 + len(tree.tokens)] = tree.tokens
+            masks[b] = tree_mask(tree.parents, width)
+        return flags, tokens, masks
+
+    def _tp_share(self, flags: np.ndarray, tokens: np.ndarray, masks: np.ndarray) -> tuple:
+        """Every TP rank splices the first rank's choices and suffix rows."""
+        bs, width = tokens.shape
+        packed = np.concatenate([tokens, flags[:, None]], axis=1).reshape(-1)
+        packed, masks_flat = self._tp.drafts(packed, masks.reshape(-1))
+        packed = packed.reshape(bs, width + 1)
+        return packed[:, -1], packed[:, :-1], masks_flat.reshape(bs, width, width)
+
+    def _splice(
+        self, batch: Any, vi: Any, rows: list[int], tokens: np.ndarray, masks: np.ndarray
+    ) -> None:
+        """Write the suffix rows into the host's verify input, in its layouts."""
+        from sglang_spec_ext.sglang.cpu_fallbacks.ops import write_tree_mask
+
+        width = self._width
+        device = vi.draft_token.device
+        seq_lens = batch.seq_lens.to(device=device, dtype=torch.int64)
+        which = torch.tensor(rows, dtype=torch.int64, device=device)
+        sel_masks = masks[rows]  # [k, W, W]
+        nt = np.empty((len(rows), width), dtype=np.int64)
+        ns = np.empty_like(nt)
+        for i, m in enumerate(sel_masks):
+            parents = _parents_from_mask(m)
+            nt[i], ns[i] = retrieve_links(parents, width)
+        depth = torch.from_numpy(sel_masks.sum(-1) - 1).to(device)
+        flat = (which[:, None] * width + torch.arange(width, device=device)).reshape(-1)
+        vi.draft_token.view(-1)[flat] = torch.from_numpy(tokens[rows].reshape(-1)).to(
+            device=device, dtype=vi.draft_token.dtype
+        )
+        vi.positions.view(-1)[flat] = (
+            (seq_lens[which][:, None] + depth).reshape(-1).to(vi.positions.dtype)
+        )
+        vi.retrieve_next_token.view(-1, width)[which] = torch.from_numpy(nt).to(
+            device=device, dtype=vi.retrieve_next_token.dtype
+        )
+        vi.retrieve_next_sibling.view(-1, width)[which] = torch.from_numpy(ns).to(
+            device=device, dtype=vi.retrieve_next_sibling.dtype
+        )
+        write_tree_mask(
+            vi.custom_mask, torch.from_numpy(sel_masks).to(device), seq_lens,
+            int(self._mask_mode()), which,
+        )  # fmt: skip
+        deepest = int(depth.max())
+        if deepest > vi.spec_steps:
+            vi.spec_steps = deepest  # accept_index rows must hold the suffix tree's depth
+
+    def _mask_mode(self) -> Any:
+        verify_mask = getattr(self.target_worker.model_runner.attn_backend, "verify_mask", None)
+        if verify_mask is not None:
+            return verify_mask.mode
+        return self._draft_worker.tree_mask_mode
+
+    # -- verify bookkeeping ----------------------------------------------------------
+    def verify(self, batch: Any, pp_proxy_tensors: Any = None, grammar_barrier: Any = None) -> Any:
+        out = super().verify(  # type: ignore[misc]
+            batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier
+        )
+        choice, self._choice = self._choice, []
+        if choice and len(choice) == len(batch.reqs) and not batch.forward_mode.is_idle():
+            lens = out.accept_lens.cpu().tolist()
+            for source, n in zip(choice, lens, strict=True):
+                self.hybrid.record(source, int(n))
+        return out
+
+    def hybrid_stats(self) -> dict[str, Any]:
+        stats = self.hybrid.summary()
+        stats["choice_faults"] = self._hybrid_faults
+        stats["suffix"] = self._suffix.drafter_stats()
+        stats["learned"] = self.hybrid.estimator.table()
+        return stats
+
+    def _maybe_log_stats(self) -> None:
+        now = time.monotonic()
+        if self._stats_logged_at is not None and now - self._stats_logged_at < self._stats_interval:
+            return
+        self._stats_logged_at = now
+        logger.info("%s%s", STATS_LOG_MARK, json.dumps(self.hybrid_stats(), default=str))
+
+
+def _parents_from_mask(mask: np.ndarray) -> list[int]:
+    """Draft-node parents (-1: the root) of a [W, W] ancestor mask, padding included."""
+    width = mask.shape[0]
+    parents = []
+    for i in range(1, width):
+        anc = np.flatnonzero(mask[i, :i])
+        p = int(anc.max()) if anc.size else 0
+        parents.append(p - 1)
+    return parents
+
+
+def hybrid_worker_class(kind: str) -> type:
+    """The HYBRID worker class for a draft kind (``draft_kind``)."""
+    if kind == "standalone":
+        from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
+
+        base: type = StandaloneWorkerV2
+    else:
+        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+        base = EAGLEWorkerV2
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        base.__init__(self, *args, **kwargs)
+        self._init_hybrid()
+
+    name = {"standalone": "HybridStandaloneWorker", "eagle": "HybridEagleWorker",
+            "eagle3": "HybridEagle3Worker"}[kind]  # fmt: skip
+    return type(name, (HybridMixin, base), {"__init__": __init__, "__module__": __name__})

@@ -1,0 +1,120 @@
+"""HYBRID on the real host's CPU engine: the host's model-draft path (STANDALONE with
+a 1-layer draft of the tiny model; EAGLE3 with a random head) plus the suffix drafter,
+chosen per request and step. Greedy output identical to plain serving for chains
+(topk 1) and trees (topk 2), both sources verified, per-source figures in the log,
+concurrency, an abort, sampling, and start-up errors naming the flag."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+
+import pytest
+
+from sglang_spec_ext.sglang.hybrid_worker import STATS_LOG_MARK
+from tests.e2e.spec_metrics import accept_length
+from tests.e2e.test_standalone_serving import TOPK1, TOPK2, _cases, _greedy
+from tests.e2e.test_suffix_serving import CODE
+from tests.harness.server import abort_mid_stream
+
+#: Stats line every decode step, so the test reads the latest figures.
+STATS_ENV = {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def weak_draft_dir(tiny_model_dir, tmp_path_factory):
+    from sglang_spec_ext.testing_models import build_truncated_draft
+
+    return build_truncated_draft(tiny_model_dir, tmp_path_factory.mktemp("draft") / "l1", 1)
+
+
+def _hybrid(draft_dir, shape):
+    return ("--speculative-algorithm", "HYBRID",
+            "--speculative-draft-model-path", str(draft_dir), *shape)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def chain_server(tiny_model_dir, weak_draft_dir, start_module_server):
+    return start_module_server(tiny_model_dir, *_hybrid(weak_draft_dir, TOPK1), env=STATS_ENV)
+
+
+@pytest.fixture(scope="module")
+def tree_server(tiny_model_dir, weak_draft_dir, start_module_server):
+    return start_module_server(tiny_model_dir, *_hybrid(weak_draft_dir, TOPK2), env=STATS_ENV)
+
+
+def _stats(server) -> dict:
+    text = server.log_path.read_text(errors="replace")
+    lines = [ln for ln in text.splitlines() if STATS_LOG_MARK in ln]
+    assert lines, "no HYBRID stats line in the server log"
+    return json.loads(lines[-1].split(STATS_LOG_MARK, 1)[1])
+
+
+def _parity(base, spec, tok, name, num_prompts=None):
+    print(f"\n{name} accept length per prompt (tiny model, CPU engine):")
+    accepted = []
+    for label, ids in _cases(tok)[:num_prompts]:
+        want = _greedy(base, ids)["output_ids"]
+        got = _greedy(spec, ids)
+        assert got["output_ids"] == want, f"{label}: {name} output differs from plain serving"
+        accepted.append(accept_length(got["meta_info"]))
+        print(f"  {label:<14} accept_len={accepted[-1]:5.2f}")
+    return accepted
+
+
+def test_hybrid_chain_parity_and_both_sources_used(tiny_baseline_server, chain_server, tok):
+    accepted = _parity(tiny_baseline_server, chain_server, tok, "HYBRID topk 1 (1-layer draft)")
+    assert all(1.0 <= a <= 4.0 for a in accepted)
+    stats = _stats(chain_server)
+    by = stats["by_source"]
+    print("per source:", json.dumps(by))
+    assert stats["choice_faults"] == 0
+    assert by["suffix"]["steps"] > 0 and by["model"]["steps"] > 0
+    # the suffix drafts that won were accepted better than one token per step
+    assert by["suffix"]["accept_len"] > 1.2
+    assert {"suffix", "model"} <= set(stats["learned"])
+
+
+def test_hybrid_tree_parity(tiny_baseline_server, tree_server, tok):
+    accepted = _parity(tiny_baseline_server, tree_server, tok, "HYBRID topk 2 (1-layer draft)")
+    assert all(1.0 <= a <= 4.0 for a in accepted)
+    stats = _stats(tree_server)
+    assert stats["choice_faults"] == 0 and stats["by_source"]["suffix"]["steps"] > 0
+
+
+def test_hybrid_concurrent_requests(tiny_baseline_server, chain_server, tok):
+    prompts = [ids for _, ids in _cases(tok)]
+    prompts = [ids + ids[: i % 5] for i, ids in enumerate(prompts * 2)][:12]
+    want = [_greedy(tiny_baseline_server, ids, 16)["output_ids"] for ids in prompts]
+    with cf.ThreadPoolExecutor(12) as pool:
+        got = list(pool.map(lambda ids: _greedy(chain_server, ids, 16)["output_ids"], prompts))
+    assert got == want
+
+
+def test_hybrid_abort_and_sampling(tiny_baseline_server, tree_server, tok):
+    ids = tok(CODE)["input_ids"]
+    last = abort_mid_stream(tree_server, ids, 3000)
+    assert last["finish_reason"]["type"] == "abort", last["finish_reason"]
+    out = tree_server.generate(input_ids=ids, max_new_tokens=16, temperature=0.8, top_p=0.95,
+                               ignore_eos=True)  # fmt: skip
+    assert len(out["output_ids"]) == 16 and all(0 <= t < len(tok) for t in out["output_ids"])
+    assert (
+        _greedy(tree_server, ids, 16)["output_ids"]
+        == _greedy(tiny_baseline_server, ids, 16)["output_ids"]
+    )
+    assert tree_server.healthy()
+
+
+def test_hybrid_without_a_draft_model_is_refused(tiny_model_dir, start_server):
+    from tests.harness.server import ServerStartError
+
+    with pytest.raises(ServerStartError) as err:
+        start_server(tiny_model_dir, "--speculative-algorithm", "HYBRID", *TOPK1)
+    assert "--speculative-draft-model-path is missing" in str(err.value)
