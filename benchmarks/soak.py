@@ -50,7 +50,14 @@ ALGORITHMS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "SUFFIX": (("--speculative-algorithm", "SUFFIX"), {}),
     "SUFFIX-adaptive": (("--speculative-algorithm", "SUFFIX"), {"SGLANG_SPEC_EXT_ADAPTIVE": "1"}),
     "NGRAM": (("--speculative-algorithm", "NGRAM"), {}),
-}
+    # The model draft (a 1-layer truncation of the soak model, built at run time) as
+    # topk-4 trees: --width is the verify width, the suffix drafts may fill it.
+    "HYBRID": (("--speculative-algorithm", "HYBRID", "--speculative-num-steps", "3",
+                "--speculative-eagle-topk", "4"), {}),
+}  # fmt: skip
+#: Our algorithms: penalty requests are refused (request_guard.py), the drafter reports
+#: its statistics.
+GUARDED = ("SUFFIX", "SUFFIX-adaptive", "HYBRID")
 MODES = {
     "short": {
         "requests": 120,
@@ -63,7 +70,7 @@ MODES = {
         "requests": 2000,
         "context": 1024,
         "max_running": 32,
-        "algorithms": "SUFFIX,SUFFIX-adaptive,NGRAM",
+        "algorithms": "SUFFIX,SUFFIX-adaptive,NGRAM,HYBRID",
         "drafter_tokens": 50_000,
     },
 }
@@ -89,6 +96,13 @@ def default_model() -> Path:
     if not (path / "config.json").exists():
         build_tiny_llama(path, seed=0)
     return path
+
+
+def weak_draft(model: Path) -> Path:
+    """HYBRID's model draft: the soak model's first layer (same vocabulary, weak)."""
+    from sglang_spec_ext.testing_models import build_truncated_draft
+
+    return build_truncated_draft(model, Path(tempfile.gettempdir()) / f"{model.name}-draft-l1", 1)
 
 
 def launch(
@@ -175,17 +189,19 @@ def main(argv: list[str] | None = None) -> int:
                 "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "1",
             }
             spec_flags = [*common, *flags, "--speculative-num-draft-tokens", str(args.width)]
+            if name == "HYBRID":
+                spec_flags += ["--speculative-draft-model-path", str(weak_draft(model))]
             with launch(model, name, spec_flags, env, log_dir) as server:
                 handle = ServerHandle(
                     server.url,
                     server.log_path,
                     lambda s=server: s.proc is not None and s.proc.poll() is None,
                 )
-                bound = drafter_tokens if name.startswith("SUFFIX") else None
+                bound = drafter_tokens if name in GUARDED else None
                 verdict, timing = soak(
                     handle, plain.url, reqs, concurrency=concurrency, deadline_s=args.deadline_s,
                     drafter_bound_tokens=bound, plain=answers, progress=True, seed=args.seed,
-                    guarded=name.startswith("SUFFIX"),
+                    guarded=name in GUARDED,
                 )  # fmt: skip
             rows.append((name, verdict))
             record["runs"][name] = {

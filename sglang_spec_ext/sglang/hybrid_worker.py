@@ -53,6 +53,8 @@ logger = logging.getLogger("sglang_spec_ext")
 
 #: INFO line with HYBRID's per-source figures (JSON after the mark).
 STATS_LOG_MARK = "sglang-spec-ext hybrid stats: "
+#: Remembered first-token probabilities beyond which those of absent requests are dropped.
+FIRST_PROB_BOUND = 4096
 #: Draft kinds and the host worker each runs on.
 DRAFT_KINDS = ("standalone", "eagle", "eagle3")
 
@@ -90,12 +92,16 @@ def draft_kind(draft_path: str | None, setting: str = "auto") -> str:
 def _model_tree(
     tokens: list[int], next_token: list[int], next_sibling: list[int]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(tokens, parents) of the draft nodes of a host verify row (root at index 0)."""
+    """(tokens, parents) of the draft nodes of a host verify row (root at index 0) that
+    the verifier can reach from the root through the links."""
     parent: dict[int, int] = {}
-    for node in range(len(tokens)):
+    frontier = [0]
+    while frontier:
+        node = frontier.pop()
         child, hops = next_token[node], 0
-        while child != -1 and hops < len(tokens):
+        while 0 < child < len(tokens) and child not in parent and hops < len(tokens):
             parent[child] = node
+            frontier.append(child)
             child, hops = next_sibling[child], hops + 1
     order = sorted(parent)  # host nodes are topologically ordered by index
     index = {node: i for i, node in enumerate(order)}
@@ -241,9 +247,12 @@ class HybridMixin:
                     exc_info=self._hybrid_faults == 1,
                 )
         self._maybe_log_stats()
+        self._suffix._maybe_log_stats()  # the SUFFIX worker's drafter-stats line, as SUFFIX logs it
 
     def _close_departed(self, batch: Any) -> None:
         current = {req.rid for req in batch.reqs}
+        if len(self._first_prob) > FIRST_PROB_BOUND:  # prefilled requests that never decoded
+            self._first_prob = {r: p for r, p in self._first_prob.items() if r in current}
         gone = self._rids - current
         if gone:
             self._suffix.close_sessions(sorted(gone))

@@ -1,0 +1,122 @@
+"""HYBRID's verify-row splice against the host's tree layout.
+
+The host's EAGLE tree builder (here the plugin's pure-torch ``build_tree_kernel_efficient``,
+itself checked against the CUDA kernel's reference in tests/unit/test_cpu_fallback_ops.py)
+writes a batch of trees into the verify input in each mask layout. Reading one request's
+tree back from the host's links (``_model_tree``) and splicing it into a copy whose row was
+overwritten with garbage must restore exactly what the host wrote: tokens, tree mask
+(prefix columns untouched), positions and links; the other rows stay as they were.
+The verify input is a namespace with the host's field names (the real EagleVerifyInput is a
+dataclass of the same tensors, built by the host only inside a running worker)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_spec_ext.sglang.cpu_fallbacks import ops
+from sglang_spec_ext.sglang.hybrid_worker import HybridMixin, _model_tree, _parents_from_mask
+from sglang_spec_ext.tree import retrieve_links, tree_mask
+from tests.unit.test_cpu_fallback_ops import eagle_case
+
+
+def _host_tree_batch(bs, topk, depth, n, mode, seed):
+    parents, selected = eagle_case(bs, topk, depth, n, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = torch.randint(1, 20, (bs,), generator=g)
+    if mode == ops.FULL_MASK:
+        mask = torch.ones(int(seq_lens.sum()) * n + bs * n * n, dtype=torch.bool)
+    else:
+        mask = torch.ones(bs * n * n, dtype=torch.bool)
+    positions = torch.full((bs * n,), -5, dtype=torch.int64)
+    idx, nxt, sib = (torch.full((bs, n), -1, dtype=torch.int64) for _ in range(3))
+    ops.build_tree_kernel_efficient_cpu(
+        parents, selected, seq_lens, mask, positions, idx, nxt, sib, topk, depth, n, mode
+    )
+    tokens = torch.randint(5, 1000, (bs * n,), generator=g)
+    vi = SimpleNamespace(
+        draft_token=tokens, custom_mask=mask, positions=positions, retrieve_index=idx,
+        retrieve_next_token=nxt, retrieve_next_sibling=sib, spec_steps=depth,
+    )  # fmt: skip
+    return vi, seq_lens
+
+
+def _clone(vi):
+    return SimpleNamespace(
+        **{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in vi.__dict__.items()}
+    )
+
+
+def _worker(width, mode):
+    w = object.__new__(HybridMixin)
+    w._width = width
+    w._mask_mode = lambda: mode
+    return w
+
+
+@pytest.mark.parametrize("mode", [ops.FULL_MASK, ops.QLEN_ONLY])
+@pytest.mark.parametrize(("topk", "depth", "n"), [(1, 4, 5), (2, 3, 5), (4, 4, 8)])
+def test_splicing_a_host_tree_back_restores_the_host_layout(mode, topk, depth, n):
+    bs = 3
+    host, seq_lens = _host_tree_batch(bs, topk, depth, n, mode, seed=7 * n + mode)
+    batch = SimpleNamespace(seq_lens=seq_lens)
+    checked = 0
+    for row in range(bs):
+        tok = host.draft_token.view(bs, n)[row].tolist()
+        nt = host.retrieve_next_token[row].tolist()
+        ns = host.retrieve_next_sibling[row].tolist()
+        m_tokens, m_parents = _model_tree(tok, nt, ns)
+        if len(m_tokens) < n - 1:
+            continue  # eagle_case's random selections can leave a node without its parent
+        checked += 1
+        spoiled = _clone(host)
+        spoiled.draft_token.view(bs, n)[row, 1:] = 0
+        spoiled.positions.view(bs, n)[row] = -7
+        spoiled.retrieve_next_token[row] = 3
+        spoiled.retrieve_next_sibling[row] = 2
+        if mode == ops.QLEN_ONLY:
+            spoiled.custom_mask.view(bs, n, n)[row] = True
+        tokens = np.zeros((bs, n), dtype=np.int64)
+        masks = np.zeros((bs, n, n), dtype=bool)
+        tokens[row] = [tok[0], *m_tokens]
+        masks[row] = tree_mask(m_parents, n)
+        _worker(n, mode)._splice(batch, spoiled, [row], tokens, masks)
+        for name in ("draft_token", "custom_mask", "positions", "retrieve_next_token",
+                     "retrieve_next_sibling", "retrieve_index"):  # fmt: skip
+            assert torch.equal(getattr(spoiled, name), getattr(host, name)), (row, name)
+    assert checked >= 1
+
+
+def test_suffix_tree_with_padding_and_deeper_than_the_host_steps():
+    """A suffix chain of 4 nodes in a width-6 row of a steps-2 tree batch: padded with a
+    token-0 chain below its leaf, positions seq_len + depth, spec_steps raised."""
+    n, bs = 6, 2
+    vi, seq_lens = _host_tree_batch(bs, 2, 2, n, ops.QLEN_ONLY, seed=3)
+    before = _clone(vi)
+    parents = [-1, 0, 1, 2]
+    tokens = np.zeros((bs, n), dtype=np.int64)
+    masks = np.zeros((bs, n, n), dtype=bool)
+    tokens[1, :5] = [vi.draft_token[n].item(), 11, 12, 13, 14]
+    masks[1] = tree_mask(parents, n)
+    _worker(n, ops.QLEN_ONLY)._splice(SimpleNamespace(seq_lens=seq_lens), vi, [1], tokens, masks)
+    assert vi.draft_token[n:].tolist() == [before.draft_token[n].item(), 11, 12, 13, 14, 0]
+    assert vi.positions[n:].tolist() == [int(seq_lens[1]) + d for d in range(n)]
+    nt, ns = retrieve_links(_parents_from_mask(masks[1]), n)
+    assert vi.retrieve_next_token[1].tolist() == nt.tolist() == [1, 2, 3, 4, 5, -1]
+    assert vi.retrieve_next_sibling[1].tolist() == ns.tolist()
+    assert torch.equal(vi.custom_mask[: n * n], before.custom_mask[: n * n])  # row 0 untouched
+    assert vi.spec_steps == n - 1
+
+
+def test_model_tree_reads_any_tree_back_from_its_links():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 12))
+        parents = [int(rng.integers(-1, i)) for i in range(n)]
+        nt, ns = retrieve_links(parents, n + 1)
+        tokens = list(range(100, 101 + n))
+        got_tokens, got_parents = _model_tree(tokens, nt.tolist(), ns.tolist())
+        assert list(got_parents) == parents and list(got_tokens) == tokens[1:]
