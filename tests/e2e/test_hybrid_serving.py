@@ -118,3 +118,20 @@ def test_hybrid_without_a_draft_model_is_refused(tiny_model_dir, start_server):
     with pytest.raises(ServerStartError) as err:
         start_server(tiny_model_dir, "--speculative-algorithm", "HYBRID", *TOPK1)
     assert "--speculative-draft-model-path is missing" in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def eagle3_server(tiny_model_dir, tmp_path_factory, start_module_server):
+    from sglang_spec_ext.testing_models import build_eagle3_head
+
+    head = build_eagle3_head(tiny_model_dir, tmp_path_factory.mktemp("eagle3") / "head")
+    return start_module_server(tiny_model_dir, *_hybrid(head, TOPK1), env=STATS_ENV)
+
+
+def test_hybrid_with_an_eagle3_head_parity(tiny_baseline_server, eagle3_server, tok):
+    """The head's architecture selects the host's EAGLE3 path (random weights: parity
+    needs no good head; the suffix drafts carry the acceptance)."""
+    _parity(tiny_baseline_server, eagle3_server, tok, "HYBRID EAGLE3 (random head)", 6)
+    text = eagle3_server.log_path.read_text(errors="replace")
+    assert "HybridEagle3Worker" in text
+    assert _stats(eagle3_server)["choice_faults"] == 0
