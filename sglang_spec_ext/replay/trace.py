@@ -2,13 +2,20 @@
 
 Each line: ``{"prompt_ids": [int, ...], "output_ids": [int, ...], "set": "label"}``
 (``set`` optional). ``output_ids`` is the target's greedy output for the prompt.
+
+Optional ``model_drafts`` (for HYBRID replay, ``sglang_spec_ext.replay.hybrid``):
+``{draft_name: {"k": K, "tokens": [[t1, ..., tK], ...], "probs": [[p1, ..., pK], ...]}}``
+with one entry per output position ``p`` (``len(output_ids)`` entries): the draft
+model's greedy chain proposed after the target committed ``prompt_ids + output_ids[:p]``
+(so it predicts ``output_ids[p], output_ids[p + 1], ...``) and the draft's probability
+of each chosen token (its top probability).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_SET = "default"
@@ -19,17 +26,61 @@ class TraceError(ValueError):
 
 
 @dataclass(frozen=True)
+class ModelDrafts:
+    """One draft model's greedy proposals at every output position of a request.
+
+    ``tokens[p]`` / ``probs[p]``: the chain of ``k`` tokens proposed after
+    ``prompt_ids + output_ids[:p]`` and the draft's probability of each of them.
+    """
+
+    k: int
+    tokens: tuple[tuple[int, ...], ...]
+    probs: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f'"k" = {self.k!r} is not an integer >= 1')
+        if len(self.tokens) != len(self.probs):
+            raise ValueError(
+                f'"tokens" has {len(self.tokens)} entries but "probs" has {len(self.probs)}'
+            )
+        for p, (toks, probs) in enumerate(zip(self.tokens, self.probs, strict=True)):
+            if len(toks) != self.k or len(probs) != self.k:
+                raise ValueError(
+                    f"position {p}: expected {self.k} tokens and probs, "
+                    f"got {len(toks)} and {len(probs)}"
+                )
+
+    def to_json(self) -> dict:
+        return {"k": self.k, "tokens": [list(t) for t in self.tokens],
+                "probs": [list(p) for p in self.probs]}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class TraceRecord:
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     set: str = DEFAULT_SET
+    # draft name -> proposals at every output position (optional; see the module doc)
+    model_drafts: Mapping[str, ModelDrafts] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for name, drafts in self.model_drafts.items():
+            if len(drafts.tokens) != len(self.output_ids):
+                raise ValueError(
+                    f'model_drafts["{name}"] has {len(drafts.tokens)} positions, '
+                    f"expected one per output token ({len(self.output_ids)})"
+                )
 
     def to_json(self) -> dict:
-        return {
+        out: dict = {
             "set": self.set,
             "prompt_ids": list(self.prompt_ids),
             "output_ids": list(self.output_ids),
         }
+        if self.model_drafts:
+            out["model_drafts"] = {name: d.to_json() for name, d in self.model_drafts.items()}
+        return out
 
 
 def _token_list(value: object, key: str) -> tuple[int, ...]:
@@ -39,6 +90,46 @@ def _token_list(value: object, key: str) -> tuple[int, ...]:
         if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
             raise ValueError(f'"{key}"[{i}] = {tok!r} is not a non-negative integer token id')
     return tuple(value)
+
+
+def _prob_list(value: object, key: str) -> tuple[float, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f'"{key}" must be a list of probabilities, got {type(value).__name__}')
+    for i, p in enumerate(value):
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+            raise ValueError(f'"{key}"[{i}] = {p!r} is not a probability in [0, 1]')
+    return tuple(float(p) for p in value)
+
+
+def parse_model_drafts(obj: object, n_positions: int) -> dict[str, ModelDrafts]:
+    """Validate a decoded ``model_drafts`` value (``ValueError`` with the reason if bad)."""
+    if not isinstance(obj, dict):
+        raise ValueError(f'"model_drafts" must be an object, got {type(obj).__name__}')
+    out: dict[str, ModelDrafts] = {}
+    for name, entry in obj.items():
+        where = f"model_drafts[{name!r}]"
+        if not name:
+            raise ValueError('"model_drafts" has an empty draft name')
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} must be an object, got {type(entry).__name__}")
+        for key in ("k", "tokens", "probs"):
+            if key not in entry:
+                raise ValueError(f'{where}: missing "{key}"')
+        tokens, probs = entry["tokens"], entry["probs"]
+        for key, value in (("tokens", tokens), ("probs", probs)):
+            if not isinstance(value, list):
+                raise ValueError(f'{where}["{key}"] must be a list, got {type(value).__name__}')
+            if len(value) != n_positions:
+                raise ValueError(
+                    f'{where}["{key}"] has {len(value)} entries, expected one per output '
+                    f"token ({n_positions})"
+                )
+        out[name] = ModelDrafts(
+            k=entry["k"],
+            tokens=tuple(_token_list(t, f"{where}.tokens[{p}]") for p, t in enumerate(tokens)),
+            probs=tuple(_prob_list(q, f"{where}.probs[{p}]") for p, q in enumerate(probs)),
+        )
+    return out
 
 
 def parse_record(obj: object) -> TraceRecord:
@@ -51,10 +142,13 @@ def parse_record(obj: object) -> TraceRecord:
     label = obj.get("set", DEFAULT_SET)
     if not isinstance(label, str) or not label:
         raise ValueError(f'"set" must be a non-empty string, got {label!r}')
+    output_ids = _token_list(obj["output_ids"], "output_ids")
+    drafts = obj.get("model_drafts")
     return TraceRecord(
         prompt_ids=_token_list(obj["prompt_ids"], "prompt_ids"),
-        output_ids=_token_list(obj["output_ids"], "output_ids"),
+        output_ids=output_ids,
         set=label,
+        model_drafts=parse_model_drafts(drafts, len(output_ids)) if drafts is not None else {},
     )
 
 
