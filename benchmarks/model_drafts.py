@@ -222,19 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from tqdm import tqdm
 
-    from sglang_spec_ext.demo_model import ensure_smollm2_dir
+    from sglang_spec_ext.demo_model import ensure_smollm2_dir, ensure_smollm2_draft
     from sglang_spec_ext.machine import machine_info
-    from sglang_spec_ext.testing_models import build_truncated_draft
 
     torch.set_num_threads(args.threads)
     name = draft_name(args.layers, args.keep_last)
     target_dir = ensure_smollm2_dir()
-    draft_dir = build_truncated_draft(
-        target_dir,
-        target_dir.parent / f"{target_dir.name}-draft-{args.layers}+{args.keep_last}",
-        args.layers,
-        keep_last=args.keep_last,
-    )
+    draft_dir = ensure_smollm2_draft(args.layers, args.keep_last)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = args.out_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}

@@ -77,12 +77,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from sglang_spec_ext.demo_model import ensure_smollm2_dir
-    from sglang_spec_ext.testing_models import build_truncated_draft
+    from sglang_spec_ext.demo_model import ensure_smollm2_dir, ensure_smollm2_draft
 
     model = ensure_smollm2_dir()
-    weak = build_truncated_draft(model, model.parent / (model.name + "-draft-14+8"), 14,
-                                 keep_last=8)  # fmt: skip
+    weak = ensure_smollm2_draft()
     tok = AutoTokenizer.from_pretrained(model)
     cases = workload(tok, args.per_kind)
     prompts = [ids for _, ids in cases]

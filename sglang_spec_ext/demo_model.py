@@ -165,3 +165,19 @@ def ensure_smollm2_dir(cache_dir: Path | None = None) -> Path:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def ensure_smollm2_draft(layers: int = 14, keep_last: int = 8) -> Path:
+    """A weak same-vocabulary draft of SmolLM2-135M-Instruct: its first ``layers`` decoder
+    layers plus its last ``keep_last`` (``testing_models.build_truncated_draft``), built once
+    next to the converted model. The default is the draft the model-draft scripts and the
+    HYBRID replay traces use."""
+    from sglang_spec_ext.testing_models import build_truncated_draft
+
+    model = ensure_smollm2_dir()
+    return build_truncated_draft(
+        model,
+        model.parent / f"{model.name}-draft-{layers}+{keep_last}",
+        layers,
+        keep_last=keep_last,
+    )

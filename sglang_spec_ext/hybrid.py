@@ -233,6 +233,33 @@ class SourceStats:
     committed: int = 0  # tokens committed on those steps (bonus included)
     accepted: int = 0  # draft tokens accepted on those steps
 
+    def add(self, committed: int, accepted: int) -> None:
+        """One verify of this source's draft."""
+        self.steps += 1
+        self.committed += committed
+        self.accepted += accepted
+
+    def merge(self, other: SourceStats) -> None:
+        self.steps += other.steps
+        self.committed += other.committed
+        self.accepted += other.accepted
+
+
+def source_shares(by_source: dict[str, SourceStats]) -> dict[str, dict[str, float]]:
+    """Per source: steps, share of steps, committed tokens, share of them, accept length."""
+    steps = sum(s.steps for s in by_source.values()) or 1
+    committed = sum(s.committed for s in by_source.values()) or 1
+    return {
+        name: {
+            "steps": s.steps,
+            "step_share": s.steps / steps,
+            "committed_tokens": s.committed,
+            "token_share": s.committed / committed,
+            "accept_len": (s.committed / s.steps) if s.steps else 0.0,
+        }
+        for name, s in by_source.items()
+    }
+
 
 class ShadowLedger:
     """Recent drafts of each request, resolved against the tokens committed after them.
@@ -334,38 +361,21 @@ class HybridState:
 
     def record(self, source: str, committed: int) -> None:
         """One verify of ``source``'s draft that committed ``committed`` tokens (bonus included)."""
-        s = self.by_source[source]
-        s.steps += 1
-        s.committed += committed
-        s.accepted += max(committed - 1, 0)
+        self.by_source[source].add(committed, max(committed - 1, 0))
 
     def verified(self, rid: Any, source: str, accepted: int, tokens: Sequence[int]) -> None:
         """``rid``'s verify with ``source``'s draft committed ``tokens`` (``accepted`` drafts):
         :meth:`record` plus the ledger's commit."""
-        s = self.by_source[source]
-        s.steps += 1
-        s.committed += len(tokens)
-        s.accepted += accepted
+        self.by_source[source].add(len(tokens), accepted)
         self.ledger.commit(rid, tokens)
 
     def finish(self, rid: Any) -> None:
         self.ledger.finish(rid)
 
     def summary(self) -> dict[str, Any]:
-        steps = sum(s.steps for s in self.by_source.values()) or 1
-        committed = sum(s.committed for s in self.by_source.values()) or 1
         return {
             "policy": self.chooser.policy,
-            "by_source": {
-                name: {
-                    "steps": s.steps,
-                    "step_share": s.steps / steps,
-                    "committed_tokens": s.committed,
-                    "token_share": s.committed / committed,
-                    "accept_len": (s.committed / s.steps) if s.steps else 0.0,
-                }
-                for name, s in self.by_source.items()
-            },
+            "by_source": source_shares(self.by_source),
             "pending_requests": len(self.ledger),
             "shadow_dropped": self.ledger.dropped,
         }

@@ -32,7 +32,9 @@ from sglang_spec_ext.hybrid import (
     SUFFIX,
     Candidate,
     HybridState,
+    SourceStats,
     chain_score,
+    source_shares,
 )
 from sglang_spec_ext.replay.drafters import DrafterOptions, make_drafter
 from sglang_spec_ext.replay.protocol import Drafter, greedy_accept
@@ -45,13 +47,6 @@ REPLAY_POLICIES: tuple[str, ...] = (*POLICIES, ORACLE)
 
 
 @dataclass
-class SourceCounts:
-    steps: int = 0  # decode steps that verified this source's draft
-    committed: int = 0  # tokens committed on those steps (bonus included)
-    accepted: int = 0  # draft tokens accepted on those steps
-
-
-@dataclass
 class HybridStats:
     """Counters of one set of requests; ``summary()`` derives the reported figures."""
 
@@ -60,47 +55,30 @@ class HybridStats:
     decode_tokens: int = 0  # tokens committed by decode steps (bonus included)
     output_tokens: int = 0  # all output tokens (prefill token included)
     accepted: int = 0  # draft tokens accepted (bonus excluded)
-    by_source: dict[str, SourceCounts] = field(
-        default_factory=lambda: {s: SourceCounts() for s in SOURCES}
+    by_source: dict[str, SourceStats] = field(
+        default_factory=lambda: {s: SourceStats() for s in SOURCES}
     )
 
     def add_step(self, source: str, committed: int, accepted: int) -> None:
         self.steps += 1
         self.decode_tokens += committed
         self.accepted += accepted
-        s = self.by_source[source]
-        s.steps += 1
-        s.committed += committed
-        s.accepted += accepted
+        self.by_source[source].add(committed, accepted)
 
     def merge(self, other: HybridStats) -> None:
         for name in ("requests", "steps", "decode_tokens", "output_tokens", "accepted"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for source, counts in other.by_source.items():
-            mine = self.by_source.setdefault(source, SourceCounts())
-            mine.steps += counts.steps
-            mine.committed += counts.committed
-            mine.accepted += counts.accepted
+            self.by_source.setdefault(source, SourceStats()).merge(counts)
 
     def summary(self) -> dict[str, Any]:
-        steps = self.steps or 1
-        tokens = self.decode_tokens or 1
         return {
             "requests": self.requests,
             "steps": self.steps,
             "output_tokens": self.output_tokens,
             "accept_len": self.decode_tokens / self.steps if self.steps else 1.0,
-            "accepted_per_step": self.accepted / steps,
-            "by_source": {
-                name: {
-                    "steps": c.steps,
-                    "step_share": c.steps / steps,
-                    "committed_tokens": c.committed,
-                    "token_share": c.committed / tokens,
-                    "accept_len": c.committed / c.steps if c.steps else 0.0,
-                }
-                for name, c in self.by_source.items()
-            },
+            "accepted_per_step": self.accepted / (self.steps or 1),
+            "by_source": source_shares(self.by_source),
         }
 
 

@@ -46,8 +46,9 @@ import torch
 from sglang_spec_ext.hybrid import MODEL, SUFFIX, Candidate, HybridState, chain_score
 from sglang_spec_ext.sglang.server_args import plugin_config
 from sglang_spec_ext.sglang.tp_sync import tp_sync
+from sglang_spec_ext.sglang.verify_rows import read_tree, write_trees
 from sglang_spec_ext.suffix.draft import DraftTree
-from sglang_spec_ext.tree import retrieve_links, tree_mask
+from sglang_spec_ext.tree import tree_mask
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -87,26 +88,6 @@ def draft_kind(draft_path: str | None, setting: str = "auto") -> str:
     except (OSError, ValueError):
         return "standalone"
     return draft_kind_from_architectures(architectures)
-
-
-def _model_tree(
-    tokens: list[int], next_token: list[int], next_sibling: list[int]
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(tokens, parents) of the draft nodes of a host verify row (root at index 0) that
-    the verifier can reach from the root through the links."""
-    parent: dict[int, int] = {}
-    frontier = [0]
-    while frontier:
-        node = frontier.pop()
-        child, hops = next_token[node], 0
-        while 0 < child < len(tokens) and child not in parent and hops < len(tokens):
-            parent[child] = node
-            frontier.append(child)
-            child, hops = next_sibling[child], hops + 1
-    order = sorted(parent)  # host nodes are topologically ordered by index
-    index = {node: i for i, node in enumerate(order)}
-    parents = tuple(index[parent[n]] if parent[n] else -1 for n in order)
-    return tuple(tokens[n] for n in order), parents
 
 
 class HybridMixin:
@@ -288,7 +269,7 @@ class HybridMixin:
         trees = iter(self._suffix._speculate(live, width - 1))
         for b, req in enumerate(batch.reqs):
             tree = next(trees) if rids[b] is not None and rids[b] in live else DraftTree()
-            m_tokens, m_parents = _model_tree(host_tokens[b], next_tok[b], next_sib[b])
+            m_tokens, m_parents = read_tree(host_tokens[b], next_tok[b], next_sib[b])
             p = [self._first_prob.get(req.rid, 1.0), *step_probs[b].tolist()]
             model = Candidate(MODEL, m_tokens, m_parents, chain_score(p[: len(m_tokens)]))
             suffix = Candidate(SUFFIX, tuple(tree.tokens), tuple(tree.parents), tree.score,
@@ -313,39 +294,7 @@ class HybridMixin:
         self, batch: Any, vi: Any, rows: list[int], tokens: np.ndarray, masks: np.ndarray
     ) -> None:
         """Write the suffix rows into the host's verify input, in its layouts."""
-        from sglang_spec_ext.sglang.cpu_fallbacks.ops import write_tree_mask
-
-        width = self._width
-        device = vi.draft_token.device
-        seq_lens = batch.seq_lens.to(device=device, dtype=torch.int64)
-        which = torch.tensor(rows, dtype=torch.int64, device=device)
-        sel_masks = masks[rows]  # [k, W, W]
-        nt = np.empty((len(rows), width), dtype=np.int64)
-        ns = np.empty_like(nt)
-        for i, m in enumerate(sel_masks):
-            parents = _parents_from_mask(m)
-            nt[i], ns[i] = retrieve_links(parents, width)
-        depth = torch.from_numpy(sel_masks.sum(-1) - 1).to(device)
-        flat = (which[:, None] * width + torch.arange(width, device=device)).reshape(-1)
-        vi.draft_token.view(-1)[flat] = torch.from_numpy(tokens[rows].reshape(-1)).to(
-            device=device, dtype=vi.draft_token.dtype
-        )
-        vi.positions.view(-1)[flat] = (
-            (seq_lens[which][:, None] + depth).reshape(-1).to(vi.positions.dtype)
-        )
-        vi.retrieve_next_token.view(-1, width)[which] = torch.from_numpy(nt).to(
-            device=device, dtype=vi.retrieve_next_token.dtype
-        )
-        vi.retrieve_next_sibling.view(-1, width)[which] = torch.from_numpy(ns).to(
-            device=device, dtype=vi.retrieve_next_sibling.dtype
-        )
-        write_tree_mask(
-            vi.custom_mask, torch.from_numpy(sel_masks).to(device), seq_lens,
-            int(self._mask_mode()), which,
-        )  # fmt: skip
-        deepest = int(depth.max())
-        if deepest > vi.spec_steps:
-            vi.spec_steps = deepest  # accept_index rows must hold the suffix tree's depth
+        write_trees(vi, batch.seq_lens, rows, tokens, masks, int(self._mask_mode()))
 
     def _mask_mode(self) -> Any:
         verify_mask = getattr(self.target_worker.model_runner.attn_backend, "verify_mask", None)
@@ -378,17 +327,6 @@ class HybridMixin:
             return
         self._stats_logged_at = now
         logger.info("%s%s", STATS_LOG_MARK, json.dumps(self.hybrid_stats(), default=str))
-
-
-def _parents_from_mask(mask: np.ndarray) -> list[int]:
-    """Draft-node parents (-1: the root) of a [W, W] ancestor mask, padding included."""
-    width = mask.shape[0]
-    parents = []
-    for i in range(1, width):
-        anc = np.flatnonzero(mask[i, :i])
-        p = int(anc.max()) if anc.size else 0
-        parents.append(p - 1)
-    return parents
 
 
 def hybrid_worker_class(kind: str) -> type:

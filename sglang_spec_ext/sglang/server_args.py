@@ -167,16 +167,8 @@ def _hybrid_problems(args: Any) -> list[str]:
     return problems
 
 
-def handle_hybrid_server_args(algo: str, args: Any) -> None:
-    """Host hook ``handle_server_args`` for HYBRID: the host's model-draft settings
-    (as its STANDALONE/EAGLE handling resolves them) plus what HYBRID needs."""
-    if not _get(args, "disable_overlap_schedule"):
-        args.disable_overlap_schedule = True
-        logger.warning(
-            "%s: overlap scheduling turned off (the suffix drafter reads committed tokens "
-            "from the request, which lag one step under overlap).",
-            algo,
-        )
+def _scheduling_defaults(algo: str, args: Any) -> None:
+    """What every algorithm of ours sets alike: a running-request default, no mixed chunks."""
     if _get(args, "max_running_requests") is None:
         args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
         logger.warning(
@@ -187,6 +179,19 @@ def handle_hybrid_server_args(algo: str, args: Any) -> None:
     if _get(args, "enable_mixed_chunk"):
         logger.warning("%s: mixed chunked prefill is turned off (host limitation).", algo)
     args.enable_mixed_chunk = False
+
+
+def handle_hybrid_server_args(algo: str, args: Any) -> None:
+    """Host hook ``handle_server_args`` for HYBRID: the host's model-draft settings
+    (as its STANDALONE/EAGLE handling resolves them) plus what HYBRID needs."""
+    if not _get(args, "disable_overlap_schedule"):
+        args.disable_overlap_schedule = True
+        logger.warning(
+            "%s: overlap scheduling turned off (the suffix drafter reads committed tokens "
+            "from the request, which lag one step under overlap).",
+            algo,
+        )
+    _scheduling_defaults(algo, args)
     steps = _get(args, "speculative_num_steps")
     topk = _get(args, "speculative_eagle_topk")
     width = _get(args, "speculative_num_draft_tokens")
@@ -226,16 +231,7 @@ def handle_server_args(algo: str, args: Any) -> None:
         # The host implements no overlap scheduling for speculative decoding on CPU.
         args.disable_overlap_schedule = True
         logger.warning("%s on CPU: overlap scheduling turned off (host limitation).", algo)
-    if _get(args, "max_running_requests") is None:
-        args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
-        logger.warning(
-            "%s: --max-running-requests defaults to %d; set it explicitly to change.",
-            algo,
-            DEFAULT_MAX_RUNNING_REQUESTS,
-        )
-    if _get(args, "enable_mixed_chunk"):
-        logger.warning("%s: mixed chunked prefill is turned off (host limitation).", algo)
-    args.enable_mixed_chunk = False
+    _scheduling_defaults(algo, args)
 
     width = _get(args, "speculative_num_draft_tokens")
     if width is None:

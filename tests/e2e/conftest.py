@@ -32,6 +32,22 @@ def smollm2_dir() -> Path:
     return ensure_smollm2_dir()
 
 
+@pytest.fixture(scope="session")
+def tok(tiny_model_dir: Path):
+    """The tiny model's tokenizer (test_smollm2_serving.py overrides it with SmolLM2's)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def weak_draft_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A weak same-vocabulary draft for model-draft algorithms: the tiny model's first layer."""
+    from sglang_spec_ext.testing_models import build_truncated_draft
+
+    return build_truncated_draft(tiny_model_dir, tmp_path_factory.mktemp("draft") / "l1", 1)
+
+
 def _server_factory(log_dir: Path) -> Iterator[Callable[..., CPUServer]]:
     servers: list[CPUServer] = []
 

@@ -42,13 +42,6 @@ def faulty_server(tiny_model_dir, start_module_server):
     return start_module_server(tiny_model_dir, *args, env=env)
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 def _greedy(server, ids):
     out = server.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     return out["output_ids"]

@@ -21,20 +21,6 @@ from tests.harness.server import abort_mid_stream
 STATS_ENV = {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def weak_draft_dir(tiny_model_dir, tmp_path_factory):
-    from sglang_spec_ext.testing_models import build_truncated_draft
-
-    return build_truncated_draft(tiny_model_dir, tmp_path_factory.mktemp("draft") / "l1", 1)
-
-
 def _hybrid(draft_dir, shape):
     return ("--speculative-algorithm", "HYBRID",
             "--speculative-draft-model-path", str(draft_dir), *shape)  # fmt: skip

@@ -15,13 +15,6 @@ NEW_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
 def servers(tiny_model_dir, tiny_baseline_server, start_module_server):
     ngram = start_module_server(
         tiny_model_dir,

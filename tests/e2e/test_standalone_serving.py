@@ -26,20 +26,6 @@ TOPK2 = ("--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
          "--speculative-num-draft-tokens", "4")  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def weak_draft_dir(tiny_model_dir, tmp_path_factory):
-    from sglang_spec_ext.testing_models import build_truncated_draft
-
-    return build_truncated_draft(tiny_model_dir, tmp_path_factory.mktemp("draft") / "l1", 1)
-
-
 def _standalone(draft_dir, shape):
     return ("--speculative-algorithm", "STANDALONE",
             "--speculative-draft-model-path", str(draft_dir), *shape)  # fmt: skip

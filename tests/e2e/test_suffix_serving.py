@@ -47,13 +47,6 @@ def _chat(tok, turns: list[tuple[str, str]]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
 def servers(tiny_model_dir, tiny_baseline_server, start_module_server):
     base = tiny_baseline_server
     import os

@@ -1,9 +1,9 @@
-"""HYBRID's verify-row splice against the host's tree layout.
+"""HYBRID's verify-row splice (sglang/verify_rows.py) against the host's tree layout.
 
 The host's EAGLE tree builder (here the plugin's pure-torch ``build_tree_kernel_efficient``,
 itself checked against the CUDA kernel's reference in tests/unit/test_cpu_fallback_ops.py)
 writes a batch of trees into the verify input in each mask layout. Reading one request's
-tree back from the host's links (``_model_tree``) and splicing it into a copy whose row was
+tree back from the host's links (``read_tree``) and splicing it into a copy whose row was
 overwritten with garbage must restore exactly what the host wrote: tokens, tree mask
 (prefix columns untouched), positions and links; the other rows stay as they were.
 The verify input is a namespace with the host's field names (the real EagleVerifyInput is a
@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import torch
 
+from sglang_spec_ext.replay.protocol import tree_from_ancestor_mask
 from sglang_spec_ext.sglang.cpu_fallbacks import ops
-from sglang_spec_ext.sglang.hybrid_worker import HybridMixin, _model_tree, _parents_from_mask
+from sglang_spec_ext.sglang.verify_rows import read_tree, write_trees
 from sglang_spec_ext.tree import retrieve_links, tree_mask
 from tests.unit.test_cpu_fallback_ops import eagle_case
 
@@ -50,13 +51,6 @@ def _clone(vi):
     )
 
 
-def _worker(width, mode):
-    w = object.__new__(HybridMixin)
-    w._width = width
-    w._mask_mode = lambda: mode
-    return w
-
-
 @pytest.mark.parametrize("mode", [ops.FULL_MASK, ops.QLEN_ONLY])
 @pytest.mark.parametrize(("topk", "depth", "n"), [(1, 4, 5), (2, 3, 5), (4, 4, 8)])
 def test_splicing_a_host_tree_back_restores_the_host_layout(mode, topk, depth, n):
@@ -68,7 +62,7 @@ def test_splicing_a_host_tree_back_restores_the_host_layout(mode, topk, depth, n
         tok = host.draft_token.view(bs, n)[row].tolist()
         nt = host.retrieve_next_token[row].tolist()
         ns = host.retrieve_next_sibling[row].tolist()
-        m_tokens, m_parents = _model_tree(tok, nt, ns)
+        m_tokens, m_parents = read_tree(tok, nt, ns)
         if len(m_tokens) < n - 1:
             continue  # eagle_case's random selections can leave a node without its parent
         checked += 1
@@ -83,7 +77,7 @@ def test_splicing_a_host_tree_back_restores_the_host_layout(mode, topk, depth, n
         masks = np.zeros((bs, n, n), dtype=bool)
         tokens[row] = [tok[0], *m_tokens]
         masks[row] = tree_mask(m_parents, n)
-        _worker(n, mode)._splice(batch, spoiled, [row], tokens, masks)
+        write_trees(spoiled, batch.seq_lens, [row], tokens, masks, mode)
         for name in ("draft_token", "custom_mask", "positions", "retrieve_next_token",
                      "retrieve_next_sibling", "retrieve_index"):  # fmt: skip
             assert torch.equal(getattr(spoiled, name), getattr(host, name)), (row, name)
@@ -101,10 +95,10 @@ def test_suffix_tree_with_padding_and_deeper_than_the_host_steps():
     masks = np.zeros((bs, n, n), dtype=bool)
     tokens[1, :5] = [vi.draft_token[n].item(), 11, 12, 13, 14]
     masks[1] = tree_mask(parents, n)
-    _worker(n, ops.QLEN_ONLY)._splice(SimpleNamespace(seq_lens=seq_lens), vi, [1], tokens, masks)
+    write_trees(vi, seq_lens, [1], tokens, masks, ops.QLEN_ONLY)
     assert vi.draft_token[n:].tolist() == [before.draft_token[n].item(), 11, 12, 13, 14, 0]
     assert vi.positions[n:].tolist() == [int(seq_lens[1]) + d for d in range(n)]
-    nt, ns = retrieve_links(_parents_from_mask(masks[1]), n)
+    nt, ns = retrieve_links(tree_from_ancestor_mask(tokens[1], masks[1]).parents, n)
     assert vi.retrieve_next_token[1].tolist() == nt.tolist() == [1, 2, 3, 4, 5, -1]
     assert vi.retrieve_next_sibling[1].tolist() == ns.tolist()
     assert torch.equal(vi.custom_mask[: n * n], before.custom_mask[: n * n])  # row 0 untouched
@@ -118,5 +112,5 @@ def test_model_tree_reads_any_tree_back_from_its_links():
         parents = [int(rng.integers(-1, i)) for i in range(n)]
         nt, ns = retrieve_links(parents, n + 1)
         tokens = list(range(100, 101 + n))
-        got_tokens, got_parents = _model_tree(tokens, nt.tolist(), ns.tolist())
+        got_tokens, got_parents = read_tree(tokens, nt.tolist(), ns.tolist())
         assert list(got_parents) == parents and list(got_tokens) == tokens[1:]
