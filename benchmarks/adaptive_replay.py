@@ -13,9 +13,20 @@ the analytic time (the "truth"); the controller's own cost model starts from a
 deliberately different prior (``CONTROLLER_PRIOR``) and calibrates online from the
 charged times times log-normal noise with 1 % outliers (x3).
 
+Model drafts (``--model-drafts``): chain drafts of a model, k = number of draft
+steps. STANDALONE-shaped acceptance comes from the real proposals of a weak SmolLM2
+draft stored in ``benchmarks/traces/hybrid/`` (``replay.table.model_draft_table``),
+charged as a Llama-3.2-1B draft of the 8B target; EAGLE-shaped acceptance is
+synthetic (``adaptive.synthetic`` profile ``eagle-chain``), charged as an EAGLE-3
+head. Each draft forward costs its weights and KV once (``adaptive.cost``); at zero
+steps the host runs the draft extend (``--zero-step warm``, its default) unless
+``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` skips it (``--zero-step skip``). "plain"
+is a server without speculation (no draft model at all).
+
     python benchmarks/adaptive_replay.py --synthetic          # generated tables
     python benchmarks/adaptive_replay.py                       # benchmarks/results/acceptance/*.jsonl
     python benchmarks/adaptive_replay.py --tables a.jsonl b.jsonl
+    python benchmarks/adaptive_replay.py --model-drafts --zero-step skip
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import logging
 import os
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Hashable, Mapping, Sequence
 from importlib import metadata
@@ -36,9 +48,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from sglang_spec_ext.adaptive.config import AdaptiveConfig
+from sglang_spec_ext.adaptive.config import CHAIN_DEFAULTS, AdaptiveConfig
 from sglang_spec_ext.adaptive.controller import AdaptiveController
-from sglang_spec_ext.adaptive.cost import PRESETS, analytic_step_time
+from sglang_spec_ext.adaptive.cost import COEFF_NAMES, PRESETS, StepCostParams, step_time
 from sglang_spec_ext.adaptive.simulator import (
     AcceptanceTable,
     ControllerPolicy,
@@ -48,10 +60,20 @@ from sglang_spec_ext.adaptive.simulator import (
     replay,
 )
 from sglang_spec_ext.adaptive.synthetic import generate
+from sglang_spec_ext.replay.table import model_draft_table
+from sglang_spec_ext.replay.trace import read_trace
 
 LABEL = "analytic step-cost model (projection, not measured)"
 RESULTS = Path(__file__).resolve().parent / "results"
 TRUTH_PRESET = "llama3-8b-h100"
+#: Draft shape -> the truth preset its steps are charged with.
+SHAPE_PRESETS = {
+    "suffix": TRUTH_PRESET,
+    "standalone": "llama3-8b-h100-standalone-1b",
+    "eagle3": "llama3-8b-h100-eagle3",
+}
+HYBRID_TRACES = Path(__file__).resolve().parent / "traces" / "hybrid"
+TRACE_DRAFT = "smollm2-l14+8"
 # The controller's prior is deliberately wrong: it must calibrate from measured times.
 CONTROLLER_PRIOR = {
     "cost_mem_bw": 2.0e12,  # truth 2.68e12
@@ -60,6 +82,12 @@ CONTROLLER_PRIOR = {
     "cost_context_len": 1024.0,  # truth 2048
     "cost_spec_fixed_s": 0.1e-3,  # truth 0.3e-3
     "cost_draft_s_per_req": 5e-6,  # truth 10e-6
+}
+#: The controller's draft-model prior is wrong too (x truth).
+CONTROLLER_DRAFT_PRIOR_SCALE = {
+    "draft_weight_bytes": 1.6,
+    "draft_kv_bytes_per_token": 0.5,
+    "draft_fixed_s": 2.0,
 }
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BAR_FIXED = 0.98  # controller >= 98 % of the best fixed k
@@ -71,11 +99,29 @@ class HostEMAPolicy:
 
     name = "host EMA"
 
-    def __init__(self, initial_steps: int = 3) -> None:
-        from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
+    def __init__(self, initial_steps: int = 3, max_steps: int | None = None) -> None:
+        """``max_steps``: drop the host's default candidates above it (through its own
+        config-file interface), so it chooses among steps the drafts really have."""
+        from sglang.srt.speculative.adaptive_spec_params import (
+            DEFAULT_ADAPTIVE_CONFIG,
+            AdaptiveSpeculativeParams,
+        )
 
         logging.getLogger("sglang").setLevel(logging.WARNING)
-        self.params = AdaptiveSpeculativeParams(initial_steps=initial_steps)
+        cfg_path = None
+        if max_steps is not None:
+            cfg = {
+                bs: {**e, "candidate_steps": [s for s in e["candidate_steps"] if s <= max_steps]}
+                for bs, e in DEFAULT_ADAPTIVE_CONFIG.items()
+            }
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump(cfg, f)
+            cfg_path = f.name
+        try:
+            self.params = AdaptiveSpeculativeParams(initial_steps=initial_steps, cfg_path=cfg_path)
+        finally:
+            if cfg_path is not None:
+                os.unlink(cfg_path)
 
     def choose(self, batch_size: int, req_ids: Sequence[Hashable]) -> int:
         return int(self.params.get_steps_for_batch(batch_size))
@@ -122,14 +168,57 @@ def synthetic_tables(
     }
 
 
-def controller_config(table: AcceptanceTable) -> AdaptiveConfig:
+def truth_params(shape: str, zero_step: str = "warm") -> StepCostParams:
+    """The step-cost truth of a draft shape (``zero_step``: model drafts only)."""
+    params = PRESETS[SHAPE_PRESETS[shape]]
+    if shape != "suffix" and zero_step == "skip":
+        params = params.with_overrides(zero_step_draft=0.0)
+    return params
+
+
+def model_draft_tables(
+    n_synthetic: int, seed: int
+) -> tuple[dict[str, AcceptanceTable], dict[str, str]]:
+    """STANDALONE-shaped tables per trace set (real draft proposals) and one
+    EAGLE-shaped synthetic table; with the shape of each."""
+    tables: dict[str, AcceptanceTable] = {}
+    shapes: dict[str, str] = {}
+    for path in sorted(HYBRID_TRACES.glob("*.jsonl")):
+        rows = [r.to_json() for r in model_draft_table(read_trace(path), TRACE_DRAFT)]
+        name = f"standalone:{path.stem}"
+        tables[name] = AcceptanceTable.from_rows(rows, name)
+        shapes[name] = "standalone"
+    rows = generate("eagle-chain", n_synthetic, ks=range(1, 8), seed=seed)
+    tables["eagle3:synthetic"] = AcceptanceTable.from_rows(rows, "eagle3:synthetic")
+    shapes["eagle3:synthetic"] = "eagle3"
+    return tables, shapes
+
+
+def controller_config(
+    table: AcceptanceTable, shape: str = "suffix", zero_step: str = "warm"
+) -> AdaptiveConfig:
     """Candidates: the default ones the table has columns for (all of the table's
-    budgets if that leaves fewer than three), capped at 32; plus plain decoding."""
+    budgets if that leaves fewer than three), capped at 32; plus plain decoding.
+    Model drafts: every step count of the table, and a wrong draft prior too."""
     ks = [int(k) for k in table.ks[1:] if k <= 32]
     default = AdaptiveConfig().candidate_ks
     cands = [k for k in ks if k in default]
-    cands = (0, *(cands if len(cands) >= 3 else ks))
-    return AdaptiveConfig(candidate_ks=cands, max_k=max(cands), **CONTROLLER_PRIOR)
+    cands = (0, *(cands if len(cands) >= 3 or shape != "suffix" else ks))
+    if shape != "suffix":
+        cands = (0, *ks)
+    prior = dict(CONTROLLER_PRIOR)
+    if shape != "suffix":
+        truth = truth_params(shape, zero_step)
+        for name, scale in CONTROLLER_DRAFT_PRIOR_SCALE.items():
+            prior["cost_" + name] = getattr(truth, name) * scale
+        prior["cost_zero_step_draft"] = truth.zero_step_draft  # the server reads its env
+    return AdaptiveConfig(
+        candidate_ks=cands,
+        max_k=max(cands),
+        cost_preset=SHAPE_PRESETS[shape],
+        **prior,
+        **({} if shape == "suffix" else CHAIN_DEFAULTS),
+    )
 
 
 def run_set(
@@ -142,15 +231,21 @@ def run_set(
     counterfactual: bool,
     noise: float,
     outlier_rate: float,
+    shape: str = "suffix",
+    zero_step: str = "warm",
     progress: tqdm | None = None,
 ) -> dict[str, dict]:
     """Goodput of every policy at every batch size for one acceptance set."""
-    truth = PRESETS[TRUTH_PRESET].coefficients()
+    truth = truth_params(shape, zero_step)
+    plain_truth = PRESETS[TRUTH_PRESET]  # no draft model at all
 
     def true_cost(bs: int, k: int) -> float:
-        return float(analytic_step_time(truth, bs, k)[0])
+        return float(step_time(truth, bs, k)[0])
 
-    cfg = controller_config(table)
+    def plain_cost(bs: int, k: int) -> float:
+        return float(step_time(plain_truth, bs, 0)[0])
+
+    cfg = controller_config(table, shape, zero_step)
     out: dict[str, dict] = {}
     for bs in batch_sizes:
         policies: list[WidthPolicy] = [FixedPolicy(k) for k in cfg.ks]
@@ -160,8 +255,10 @@ def run_set(
                 ControllerPolicy(AdaptiveController(cfg), "controller+nested", counterfactual=True)
             )
         if host_ema:
-            policies.append(HostEMAPolicy())
+            policies.append(HostEMAPolicy(max_steps=max(cfg.ks)))
         row: dict[str, dict] = {}
+        plain = replay(table, bs, FixedPolicy(0), plain_cost, steps=steps, seed=seed)
+        row["plain"] = {"goodput_tok_s": plain.goodput, "mean_k": 0.0, "k_hist": {"0": steps}}
         for pol in policies:
             res = replay(
                 table, bs, pol, true_cost, steps=steps, seed=seed,
@@ -183,7 +280,7 @@ def check_bars(row: dict[str, dict]) -> dict[str, object]:
     fixed = {n: v["goodput_tok_s"] for n, v in row.items() if n.startswith("fixed")}
     best_name = max(fixed, key=fixed.__getitem__)
     ctl = row["controller"]["goodput_tok_s"]
-    plain = row["fixed k=0"]["goodput_tok_s"] if "fixed k=0" in row else None
+    plain = row["plain"]["goodput_tok_s"] if "plain" in row else None
     res: dict[str, object] = {
         "best_fixed": best_name,
         "ctl_over_best_fixed": ctl / fixed[best_name],
@@ -210,7 +307,7 @@ def format_table(results: dict[str, dict]) -> str:
             best = str(bars["best_fixed"])
             ema = row.get("host EMA", {}).get("goodput_tok_s", float("nan"))
             lines.append(
-                f"{bs:>4} {row['fixed k=0']['goodput_tok_s']:9.0f} "
+                f"{bs:>4} {row['plain']['goodput_tok_s']:9.0f} "
                 f"{row[best]['goodput_tok_s']:9.0f} ({best[6:]:>4}) "
                 f"{row['controller']['goodput_tok_s']:10.0f} {ema:9.0f} "
                 f"{row['controller']['mean_k']:6.1f} {bars['ctl_over_best_fixed']:8.3f} "
@@ -232,13 +329,13 @@ def plot(results: dict[str, dict], path: Path) -> None:
     for col, (set_name, rows) in enumerate(results.items()):
         bss = [int(b) for b in rows]
         names = list(next(iter(rows.values())))
-        plain = np.array([rows[str(b)]["fixed k=0"]["goodput_tok_s"] for b in bss])
+        plain = np.array([rows[str(b)]["plain"]["goodput_tok_s"] for b in bss])
         for name in names:
             g = np.array([rows[str(b)][name]["goodput_tok_s"] for b in bss])
             fixed = name.startswith("fixed")
-            style = {"color": "0.75", "lw": 0.8} if fixed and name != "fixed k=0" else {"lw": 2}
-            label = None if fixed and name != "fixed k=0" else name
-            if name == "fixed k=0":
+            style = {"color": "0.75", "lw": 0.8} if fixed else {"lw": 2}
+            label = None if fixed else name
+            if name == "plain":
                 label, style = "plain decoding", {"color": "k", "lw": 1.5, "ls": "--"}
             for row_i, y in ((0, g), (1, g / plain)):
                 axes[row_i][col].plot(bss, y, label=label, **style)
@@ -269,6 +366,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--synthetic", action="store_true", help="use generated acceptance tables")
     ap.add_argument("--tables", nargs="*", help="acceptance-table JSONL files")
+    ap.add_argument(
+        "--model-drafts",
+        action="store_true",
+        help="model-draft chains: STANDALONE-shaped (trace proposals) and EAGLE-shaped "
+        "(synthetic) acceptance, charged with draft forwards",
+    )
+    ap.add_argument(
+        "--zero-step",
+        choices=("warm", "skip"),
+        default="warm",
+        help="model drafts at zero steps: run the draft extend (host default) or skip it",
+    )
     ap.add_argument("--sets", help="comma-separated subset of the sets to run")
     ap.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
     ap.add_argument("--steps", type=int, default=4000, help="decode steps per replay")
@@ -284,7 +393,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--note", default="", help="free text stored in the JSON (provenance)")
     args = ap.parse_args(argv)
 
-    if args.synthetic:
+    shapes: dict[str, str] = {}
+    if args.model_drafts:
+        tables, shapes = model_draft_tables(args.requests, args.seed)
+        source = [str(HYBRID_TRACES / "*.jsonl"), "synthetic eagle-chain"]
+    elif args.synthetic:
         sets = args.sets.split(",") if args.sets else SYNTHETIC_SETS
         bad = sorted(set(sets) - set(SYNTHETIC_SETS))
         if bad:
@@ -312,7 +425,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             results[name] = run_set(
                 table, batch_sizes, steps=args.steps, seed=args.seed, host_ema=host_ema,
                 counterfactual=args.counterfactual, noise=args.noise,
-                outlier_rate=args.outlier_rate, progress=bar,
+                outlier_rate=args.outlier_rate, shape=shapes.get(name, "suffix"),
+                zero_step=args.zero_step, progress=bar,
             )  # fmt: skip
     bars = {s: {b: check_bars(r) for b, r in rows.items()} for s, rows in results.items()}
     all_ok = all(v["ok"] for rows in bars.values() for v in rows.values())
@@ -340,6 +454,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "outlier_factor": 3.0,
             "host_ema": host_ema,
             "host_ema_initial_steps": 3,
+            "zero_step": args.zero_step,
+            "shapes": {n: shapes.get(n, "suffix") for n in tables},
+            "truth_presets": {n: SHAPE_PRESETS[shapes.get(n, "suffix")] for n in tables},
             "bars": {"vs_best_fixed": BAR_FIXED, "vs_plain": BAR_PLAIN, "vs_host_ema": 1.0},
         },  # fmt: skip
         "cost_model": {
@@ -348,20 +465,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "truth_preset": TRUTH_PRESET,
             "truth_constants": truth.to_dict(),
             "truth_coefficients_s": dict(
-                zip(
-                    (
-                        "fixed",
-                        "spec_fixed",
-                        "draft_per_req",
-                        "weights",
-                        "kv_per_req",
-                        "act_per_token",
-                        "flop_per_token",
-                    ),
-                    truth.coefficients().tolist(),
-                    strict=True,
-                )
-            ),  # fmt: skip
+                zip(COEFF_NAMES, truth.coefficients().tolist(), strict=True)
+            ),
             "controller_prior_constants": cfg.cost_params().to_dict(),
         },
         "controller_config": dataclasses.asdict(cfg),  # candidate_ks/max_k: per table
@@ -370,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 "requests": len(t.lengths),
                 "positions": int(t.lengths.sum()),
                 "ks": t.ks[1:].tolist(),
-                "candidate_ks": list(controller_config(t).ks),
+                "candidate_ks": list(controller_config(t, shapes.get(n, "suffix")).ks),
             }
             for n, t in tables.items()
         },

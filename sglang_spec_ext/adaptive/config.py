@@ -37,12 +37,20 @@ def _check_int_tuple(name: str, value: object, lo: int, hi: int) -> None:
         _fail(name, value, f"a non-empty tuple of integers in [{lo}, {hi}]")
 
 
+#: What model drafts with topk 1 change (``k`` = draft steps): acceptance per depth, and
+#: exploration that backs off once a tier settles (each probe costs draft forwards).
+CHAIN_DEFAULTS: dict[str, object] = {"draft_shape": "chain", "probe_backoff": 4}
+
+
 @dataclass(frozen=True)
 class AdaptiveConfig:
     # which k (draft nodes per request; verify width W = k + 1) may be chosen
     candidate_ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
     max_k: int = 32  # cap (host verify width - 1); larger candidates are dropped
     tiers: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # batch-size tiers
+    # "tree": k draft nodes of a best-first tree (model-free drafts); "chain": k draft
+    # steps of a topk-1 model draft (acceptance per depth, adaptive/chain.py)
+    draft_shape: str = "tree"
     # acceptance estimator
     prior_accept: float = 0.6  # Beta prior mean of the per-depth conditional acceptance
     prior_strength: float = 2.0  # Beta prior pseudo-observations
@@ -63,6 +71,9 @@ class AdaptiveConfig:
     probe_interval: int = 16  # decisions between probes of a neighbour (0 = never)
     probe_interval_thin: int = 8  # decisions between probes of a thin neighbour
     probe_max_loss: float = 0.15  # skip probes predicted to lose more (when well known)
+    probe_backoff: int = (
+        0  # double the probe intervals every this many probes without a switch (0 = never)
+    )
     probe_min_evidence: float = 32.0  # acceptance observations under which a k is "thin"
     probe_min_timed: float = 8.0  # measured step times (per tier) under which a k is "thin"
     # step-cost model
@@ -83,6 +94,10 @@ class AdaptiveConfig:
     cost_fixed_s: float | None = None
     cost_spec_fixed_s: float | None = None
     cost_draft_s_per_req: float | None = None
+    cost_draft_weight_bytes: float | None = None
+    cost_draft_kv_bytes_per_token: float | None = None
+    cost_draft_fixed_s: float | None = None
+    cost_zero_step_draft: float | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_k", self.max_k, 0, 1024)
@@ -90,6 +105,8 @@ class AdaptiveConfig:
         if not any(k <= self.max_k for k in self.candidate_ks):
             _fail("candidate_ks", self.candidate_ks, f"at least one value <= max_k={self.max_k}")
         _check_int_tuple("tiers", self.tiers, 1, 1 << 20)
+        if self.draft_shape not in ("tree", "chain"):
+            _fail("draft_shape", self.draft_shape, "'tree' or 'chain'")
         _check_num("prior_accept", self.prior_accept, 0.0, 1.0)
         _check_num("prior_strength", self.prior_strength, 0.0, 1e6, lo_open=True)
         _check_num("decay", self.decay, 0.0, 1.0, lo_open=True)
@@ -109,6 +126,7 @@ class AdaptiveConfig:
         _check_int("probe_interval", self.probe_interval, 0, 1 << 20)
         _check_int("probe_interval_thin", self.probe_interval_thin, 1, 1 << 20)
         _check_num("probe_max_loss", self.probe_max_loss, 0.0, 1.0)
+        _check_int("probe_backoff", self.probe_backoff, 0, 1 << 20)
         _check_num("probe_min_evidence", self.probe_min_evidence, 0.0, 1e9)
         _check_num("probe_min_timed", self.probe_min_timed, 0.0, 1e9)
         if self.cost_preset not in PRESETS:

@@ -3,7 +3,9 @@
     goodput(bs, k) = sum over the batch of E_r(k) / t(bs, k)
 
 ``E_r(k)``: expected accept length (bonus included) of request ``r`` with ``k`` draft
-nodes -- the budget shape of :mod:`.acceptance` times the request's level (or one
+nodes. Chain drafts (``draft_shape="chain"``: model drafts with topk 1, ``k`` = draft
+steps) use the acceptance per draft depth of :mod:`.chain`, server-wide. Tree drafts
+use the budget shape of :mod:`.acceptance` times the request's level (or one
 server-wide level without request ids), with the neighbours of the current ``k``
 corrected by paired probe differences (:mod:`.paired`). ``t(bs, k)``: predicted step
 time (:mod:`.cost`, analytic prior calibrated on measured step times). Per batch-size
@@ -20,6 +22,7 @@ from collections.abc import Hashable, Mapping, Sequence
 import numpy as np
 
 from .acceptance import AcceptanceEstimator, LevelTracker
+from .chain import ChainAcceptance
 from .config import AdaptiveConfig
 from .cost import StepCostModel
 from .paired import PairedProbes
@@ -66,20 +69,36 @@ class AdaptiveController:
             probe_interval=cfg.probe_interval,
             probe_interval_thin=cfg.probe_interval_thin,
             probe_max_loss=cfg.probe_max_loss,
+            # chains: every extra step is a draft forward, so near-ties go to fewer steps
+            tie_to_larger=cfg.draft_shape != "chain",
+            probe_backoff=cfg.probe_backoff,
         )
         self.paired = PairedProbes(decay=cfg.decay)
+        self.chain = (
+            ChainAcceptance(
+                max(max(cfg.ks), 1),
+                prior_mean=cfg.prior_accept,
+                prior_strength=cfg.prior_strength,
+                decay=cfg.decay,
+            )
+            if cfg.draft_shape == "chain"
+            else None
+        )
         # decayed count of measured step times per (tier, candidate)
         self._timed = np.zeros((len(self.policy.tiers), len(self.ks)))
         self.steps = 0
         self._last: dict[str, object] = {}
 
     def _per_request(self, req_ids: Sequence[Hashable] | None) -> bool:
-        return req_ids is not None and self.config.per_request and len(req_ids) > 0
+        per_request = self.config.per_request and self.chain is None
+        return req_ids is not None and per_request and len(req_ids) > 0
 
     def expected_accept(
         self, batch_size: int, req_ids: Sequence[Hashable] | None = None
     ) -> np.ndarray:
         """Expected committed tokens per step for the whole batch, per candidate k."""
+        if self.chain is not None:  # exact per depth: no paired correction needed
+            return self.chain.expected_accept_lengths(self.ks) * batch_size
         if self._per_request(req_ids):
             assert req_ids is not None
             per_req = self.requests.expected_accept_lengths(req_ids, self.ks).mean(axis=0)
@@ -123,10 +142,16 @@ class AdaptiveController:
 
     def thin(self, batch_size: int) -> np.ndarray:
         """Per candidate: too few acceptance observations or measured step times."""
-        ev = self.acceptance.evidence()
-        acc_ev = np.array(
-            [np.inf if k == 0 else ev[self.acceptance.bucket_index(k)] for k in self.ks.tolist()]
-        )
+        if self.chain is not None:
+            acc_ev = np.array([self.chain.evidence(k) for k in self.ks.tolist()])
+        else:
+            ev = self.acceptance.evidence()
+            acc_ev = np.array(
+                [
+                    np.inf if k == 0 else ev[self.acceptance.bucket_index(k)]
+                    for k in self.ks.tolist()
+                ]
+            )
         timed = self._timed[self.policy.tier_index(batch_size)]
         cfg = self.config
         return (acc_ev < cfg.probe_min_evidence) | (cfg.calibrate & (timed < cfg.probe_min_timed))
@@ -152,6 +177,8 @@ class AdaptiveController:
             raise ValueError(f"k={k!r}: expected an integer >= 0")
         self.steps += 1
         acc = np.asarray(accepted_per_req, dtype=np.int64)
+        if self.chain is not None:
+            self.chain.observe(int(k), acc)
         if k > 0 and acc.size:
             if self._per_request(req_ids):
                 assert req_ids is not None
@@ -170,12 +197,17 @@ class AdaptiveController:
             self.acceptance.observe(0, acc)  # time passes: decay only
             self.paired.observe(0, batch_size, 0.0)
         if step_time_s is not None:
-            self.cost.observe(batch_size, int(k), float(step_time_s))
-            row = self._timed[self.policy.tier_index(batch_size)]
-            row *= self.config.cost_decay
-            j = int(np.searchsorted(self.ks, k))
-            if j < len(self.ks) and self.ks[j] == k:
-                row[j] += 1.0
+            self.observe_step_time(batch_size, int(k), float(step_time_s))
+
+    def observe_step_time(self, batch_size: int, k: int, step_time_s: float) -> None:
+        """Feed one measured step time on its own (when it arrives apart from the
+        step's accepted counts, as with a host that reports them separately)."""
+        self.cost.observe(batch_size, int(k), float(step_time_s))
+        row = self._timed[self.policy.tier_index(batch_size)]
+        row *= self.config.cost_decay
+        j = int(np.searchsorted(self.ks, k))
+        if j < len(self.ks) and self.ks[j] == k:
+            row[j] += 1.0
 
     def forget_requests(self, req_ids: Sequence[Hashable]) -> None:
         """Drop per-request state of finished requests."""
@@ -189,7 +221,13 @@ class AdaptiveController:
             "expected_accept_length": dict(
                 zip(
                     self.ks.tolist(),
-                    self.acceptance.expected_accept_lengths(self.ks).round(3).tolist(),
+                    (
+                        self.acceptance.expected_accept_lengths(self.ks)
+                        if self.chain is None
+                        else self.chain.expected_accept_lengths(self.ks)
+                    )
+                    .round(3)
+                    .tolist(),
                     strict=True,
                 )
             ),

@@ -10,19 +10,29 @@ cache once, whatever the number of query tokens; only beyond a roofline knee doe
 the matrix-multiply work on ``n`` tokens dominate::
 
     t(bs, k) = fixed + [k > 0] * (spec_fixed + bs * draft_per_req)
+               + d(k) * (draft_step + bs * draft_step_per_req)         # draft model
                + max(weights + bs * kv_per_req + n * act_per_token,   # memory time
                      n * flop_per_token)                               # compute time
 
-with the seven coefficients (seconds) derived from physical constants
+with the nine coefficients (seconds) derived from physical constants
 (:class:`StepCostParams`)::
 
     fixed          = fixed_s                         launch, sampling, scheduler
     spec_fixed     = spec_fixed_s                    tree mask, verify, bookkeeping
     draft_per_req  = draft_s_per_req                 host-side drafting per request
+    draft_step     = draft_fixed_s + draft_weight_bytes / mem_bw      one draft forward
+    draft_step_per_req = context_len * draft_kv_bytes_per_token / mem_bw
     weights        = weight_bytes / mem_bw
     kv_per_req     = context_len * kv_bytes_per_token / mem_bw
     act_per_token  = act_bytes_per_token / mem_bw
     flop_per_token = (flops_per_token + attn_flops_per_ctx_token * context_len) / flops
+
+``d(k)`` is the number of draft-model forwards of a step: ``k`` for a chain of ``k``
+model-drafted tokens (``k - 1`` draft decodes and the draft extend over the
+accepted tokens) and ``zero_step_draft`` at ``k = 0`` (1 where the host keeps the
+draft KV cache warm by running the draft extend at zero steps, its default; 0 where
+``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` skips it). Model-free drafters have no
+draft model: their draft constants are 0 and the term vanishes.
 
 The default constants describe Llama-3-8B in bf16 on one H100 SXM (80 GB HBM3):
 16.06 GB of weights, 3.35 TB/s peak bandwidth at 80 % efficiency (2.68e12 B/s),
@@ -64,6 +74,8 @@ COEFF_NAMES: tuple[str, ...] = (
     "fixed",
     "spec_fixed",
     "draft_per_req",
+    "draft_step",
+    "draft_step_per_req",
     "weights",
     "kv_per_req",
     "act_per_token",
@@ -86,6 +98,11 @@ class StepCostParams:
     fixed_s: float = 1.0e-3
     spec_fixed_s: float = 0.3e-3
     draft_s_per_req: float = 10e-6
+    # draft model (0 for model-free drafters); see the module docstring
+    draft_weight_bytes: float = 0.0
+    draft_kv_bytes_per_token: float = 0.0
+    draft_fixed_s: float = 0.0
+    zero_step_draft: float = 0.0  # draft forwards at k = 0 (0 or 1)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -96,14 +113,21 @@ class StepCostParams:
             if not ok:
                 rng = "(0, inf)" if positive else "[0, inf)"
                 raise ValueError(f"StepCostParams.{f.name}={value!r}: expected a number in {rng}")
+        if self.zero_step_draft > 1:
+            raise ValueError(
+                f"StepCostParams.zero_step_draft={self.zero_step_draft!r}: expected 0 or 1 "
+                "(draft forwards at zero steps)"
+            )
 
     def coefficients(self) -> np.ndarray:
-        """The seven model coefficients in seconds, ordered as ``COEFF_NAMES``."""
+        """The model coefficients in seconds, ordered as ``COEFF_NAMES``."""
         return np.array(
             [
                 self.fixed_s,
                 self.spec_fixed_s,
                 self.draft_s_per_req,
+                self.draft_fixed_s + self.draft_weight_bytes / self.mem_bw,
+                self.context_len * self.draft_kv_bytes_per_token / self.mem_bw,
                 self.weight_bytes / self.mem_bw,
                 self.context_len * self.kv_bytes_per_token / self.mem_bw,
                 self.act_bytes_per_token / self.mem_bw,
@@ -136,29 +160,65 @@ PRESETS: dict[str, StepCostParams] = {
         fixed_s=2.0e-3,
     ),
 }
+# Model drafts for the Llama-3-8B / H100 target: the draft forwards stream the draft's
+# weights and KV once each (memory-bound), plus a launch overhead per forward (CUDA
+# graph replay). The host's default keeps the draft KV warm at zero steps.
+#   EAGLE-3 head: one decoder layer (0.44 GB) + fc (0.10 GB) + a 32k-vocab lm_head
+#   (0.27 GB) in bf16; KV of one layer, 8 KV heads x 128 dims x 2 x 2 bytes.
+PRESETS["llama3-8b-h100-eagle3"] = PRESETS["llama3-8b-h100"].with_overrides(
+    draft_weight_bytes=0.81e9,
+    draft_kv_bytes_per_token=4096.0,
+    draft_fixed_s=0.15e-3,
+    zero_step_draft=1.0,
+)
+#   STANDALONE with Llama-3.2-1B: 2.47 GB of bf16 weights, 16 layers x 8 KV heads x 64
+#   dims x 2 x 2 bytes of KV per token.
+PRESETS["llama3-8b-h100-standalone-1b"] = PRESETS["llama3-8b-h100"].with_overrides(
+    draft_weight_bytes=2.47e9,
+    draft_kv_bytes_per_token=32768.0,
+    draft_fixed_s=0.25e-3,
+    zero_step_draft=1.0,
+)
 
 
-def features(bs: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sample terms multiplying each coefficient: one ``(m, 7)`` matrix for the
+#: Coefficients added to both roofline branches (the rest are memory or compute terms).
+N_COMMON = 5
+
+
+def features(
+    bs: np.ndarray, k: np.ndarray, zero_step_draft: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample terms multiplying each coefficient: one ``(m, 9)`` matrix for the
     memory branch and one for the compute branch; ``t = max`` of their products with
     the coefficient vector."""
     bs = np.asarray(bs, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
     spec = (k > 0).astype(np.float64)
     n = bs * (k + 1.0)
+    drafts = np.where(k > 0, k, zero_step_draft)  # draft-model forwards per step
     zero = np.zeros_like(bs)
     one = np.ones_like(bs)
-    common = np.stack([one, spec, spec * bs, zero, zero, zero, zero], axis=-1)
-    mem = np.stack([zero, zero, zero, one, bs, n, zero], axis=-1)
-    comp = np.stack([zero, zero, zero, zero, zero, zero, n], axis=-1)
+    common = np.stack([one, spec, spec * bs, drafts, drafts * bs, zero, zero, zero, zero], axis=-1)
+    mem = np.stack([zero, zero, zero, zero, zero, one, bs, n, zero], axis=-1)
+    comp = np.stack([zero, zero, zero, zero, zero, zero, zero, zero, n], axis=-1)
     return common + mem, common + comp
 
 
-def analytic_step_time(coeffs: np.ndarray, bs: np.ndarray | int, k: np.ndarray | int) -> np.ndarray:
+def analytic_step_time(
+    coeffs: np.ndarray,
+    bs: np.ndarray | int,
+    k: np.ndarray | int,
+    zero_step_draft: float = 0.0,
+) -> np.ndarray:
     """``t(bs, k)`` of the roofline formula for the given coefficient vector."""
     bs_arr, k_arr = np.broadcast_arrays(np.atleast_1d(bs), np.atleast_1d(k))
-    f_mem, f_comp = features(bs_arr, k_arr)
+    f_mem, f_comp = features(bs_arr, k_arr, zero_step_draft)
     return np.maximum(f_mem @ coeffs, f_comp @ coeffs)
+
+
+def step_time(params: StepCostParams, bs: np.ndarray | int, k: np.ndarray | int) -> np.ndarray:
+    """``t(bs, k)`` of the roofline formula for physical constants ``params``."""
+    return analytic_step_time(params.coefficients(), bs, k, params.zero_step_draft)
 
 
 class StepCostModel:
@@ -178,6 +238,7 @@ class StepCostModel:
     ) -> None:
         self.prior = prior or StepCostParams()
         self.prior_coeffs = self.prior.coefficients()
+        self.zero_step_draft = self.prior.zero_step_draft
         self.multipliers = np.ones(len(COEFF_NAMES))
         self.calibrate = calibrate
         self.decay = decay
@@ -204,7 +265,7 @@ class StepCostModel:
 
     def predict_fit(self, bs: int | np.ndarray, k: int | np.ndarray) -> np.ndarray:
         """Fitted roofline only (no per-cell correction)."""
-        return analytic_step_time(self.coefficients, bs, k)
+        return analytic_step_time(self.coefficients, bs, k, self.zero_step_draft)
 
     def predict(self, bs: int, ks: np.ndarray | list[int] | int) -> np.ndarray:
         """Predicted seconds per step at batch size ``bs`` for each ``k`` in ``ks``."""
@@ -245,8 +306,8 @@ class StepCostModel:
         lim = self.huber * self._scale
         robust = np.minimum(1.0, lim / np.maximum(np.abs(dev), 1e-12))
         w = recency * robust
-        f_mem = features(bs, k)[0] * self.prior_coeffs
-        f_comp = features(bs, k)[1] * self.prior_coeffs
+        f_mem, f_comp = features(bs, k, self.zero_step_draft)
+        f_mem, f_comp = f_mem * self.prior_coeffs, f_comp * self.prior_coeffs
         x = self.multipliers.copy()
         for _ in range(iterations):
             mem_active = (f_mem @ x) >= (f_comp @ x)
@@ -283,8 +344,8 @@ class StepCostModel:
             return np.inf
         bs_c = (uniq // 4096).astype(np.float64)[ok]
         k_c = (uniq % 4096).astype(np.float64)[ok]
-        f_mem = features(bs_c, k_c)[0] * self.prior_coeffs
-        common = f_mem[:, :3] @ x[:3]
+        f_mem = features(bs_c, k_c, self.zero_step_draft)[0] * self.prior_coeffs
+        common = f_mem[:, :N_COMMON] @ x[:N_COMMON]
         tokens = bs_c * (k_c + 1.0) * self.prior_coeffs[-1]
         u = (np.exp(cell_med[ok] + lim) - common) / tokens
         return float(max(u.min(), 0.02))

@@ -41,6 +41,7 @@ class TierState:
     decisions: int = 0
     switches: int = 0
     probes: int = 0
+    probes_since_switch: int = 0
 
 
 class TierPolicy:
@@ -56,6 +57,8 @@ class TierPolicy:
         probe_interval: int = 32,
         probe_interval_thin: int = 8,
         probe_max_loss: float = 0.15,
+        tie_to_larger: bool = True,
+        probe_backoff: int = 0,
     ) -> None:
         self.candidates = np.array(sorted(set(int(k) for k in candidates)), dtype=np.int64)
         self.tiers = np.array(sorted(set(int(t) for t in tiers)), dtype=np.int64)
@@ -66,6 +69,8 @@ class TierPolicy:
         self.probe_interval = probe_interval
         self.probe_interval_thin = max(1, min(probe_interval_thin, probe_interval or 1))
         self.probe_max_loss = probe_max_loss
+        self.tie_to_larger = tie_to_larger
+        self.probe_backoff = probe_backoff
         self.states = [TierState() for _ in self.tiers]
 
     def tier_index(self, batch_size: int) -> int:
@@ -86,7 +91,8 @@ class TierPolicy:
         top = float(np.max(goodput))
         # ties (within ``tie``) go to the largest k: with nested drafts a wider one never
         # accepts less, so a negligible predicted difference favours it
-        best = int(np.flatnonzero(goodput >= top * (1.0 - self.tie))[-1])
+        tied = np.flatnonzero(goodput >= top * (1.0 - self.tie))
+        best = int(tied[-1] if self.tie_to_larger else tied[0])
         if st.current is None:
             st.current = best
         cur = st.current
@@ -108,6 +114,14 @@ class TierPolicy:
         st.current = to
         st.pending, st.pending_count = None, 0
         st.switches += 1
+        st.probes_since_switch = 0
+
+    def _backoff(self, st: TierState) -> int:
+        """Probe-interval multiplier: doubles every ``probe_backoff`` probes without a
+        switch (up to 8x), so a tier that has settled spends less on exploration."""
+        if self.probe_backoff <= 0:
+            return 1
+        return 1 << min(3, st.probes_since_switch // self.probe_backoff)
 
     def _probe(self, st: TierState, goodput: np.ndarray, thin: np.ndarray) -> int | None:
         if self.probe_interval <= 0:
@@ -119,9 +133,10 @@ class TierPolicy:
         if not st.probe_up:
             nbs.reverse()
         thin_nbs = [nb for nb in nbs if thin[nb]]
-        if thin_nbs and st.since_probe >= self.probe_interval_thin:
+        scale = self._backoff(st)
+        if thin_nbs and st.since_probe >= self.probe_interval_thin * scale:
             pick: int | None = thin_nbs[0]
-        elif st.since_probe >= self.probe_interval and nbs:
+        elif st.since_probe >= self.probe_interval * scale and nbs:
             nb = nbs[0]
             pick = nb if goodput[nb] >= (1.0 - self.probe_max_loss) * goodput[cur] else None
         else:
@@ -130,6 +145,7 @@ class TierPolicy:
         st.probe_up = not st.probe_up
         if pick is not None:
             st.probes += 1
+            st.probes_since_switch += 1
         return pick
 
     def snapshot(self) -> list[dict[str, int | None]]:

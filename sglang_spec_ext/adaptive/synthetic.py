@@ -60,6 +60,15 @@ PROFILES: dict[str, Profile] = {
         (Regime((0.5, 0.14, 0.07), 0.92), Regime((0.25, 0.1, 0.05), 0.92)),
         (0.45, 0.14, 0.07),
     ),
+    # EAGLE-shaped chain drafts (topk 1): one candidate per depth, per-depth acceptance
+    # around 0.75 with easy and hard stretches (in the range EAGLE-3 papers report for
+    # chat; a stand-in, not a measurement)
+    "eagle-chain": Profile(
+        "eagle-chain",
+        (Regime((0.86,), 0.95), Regime((0.55,), 0.9)),
+        (0.8,),
+        mean_len=300.0,
+    ),
 }
 MIXED = ("repetitive", "chat")
 

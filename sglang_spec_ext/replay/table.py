@@ -70,6 +70,32 @@ def acceptance_table(
     return rows
 
 
+def model_draft_table(records: Iterable[TraceRecord], draft: str) -> list[AcceptanceRow]:
+    """Acceptance of a model draft's greedy chains (the trace's ``model_drafts[draft]``).
+
+    A chain of ``k`` steps verifies the first ``k`` proposed tokens, so ``a(p, k)`` is
+    the number of leading proposals at ``p`` that match ``output[p:]``, capped at ``k``;
+    ``ks`` are ``1..K`` for the trace's chain length ``K``. Exact for chain (topk 1)
+    drafting: the draft's proposal depends only on the committed tokens.
+    """
+    rows: list[AcceptanceRow] = []
+    for rec in records:
+        drafts = rec.model_drafts.get(draft)
+        if drafts is None:
+            raise ValueError(f"trace record of set {rec.set!r} has no model draft {draft!r}")
+        ks = tuple(range(1, drafts.k + 1))
+        out = rec.output_ids
+        table = []
+        for p, chain in enumerate(drafts.tokens):
+            cont = out[p:]
+            full = 0
+            while full < min(len(chain), len(cont)) and chain[full] == cont[full]:
+                full += 1
+            table.append(tuple(min(full, k) for k in ks))
+        rows.append(AcceptanceRow(set=rec.set, ks=ks, accepted=tuple(table)))
+    return rows
+
+
 def simulate_fixed_budget(row: AcceptanceRow, k: int, first_pos: int = 1) -> list[int]:
     """Tokens committed per decode step when every step drafts with budget ``k``."""
     col = row.column(k)

@@ -93,12 +93,16 @@ def draft_kind(draft_path: str | None, setting: str = "auto") -> str:
 class HybridMixin:
     """HYBRID's additions to a host model-draft worker (see the module docstring)."""
 
+    @property
+    def _width(self) -> int:
+        """The verify width of the current step (adaptive step counts change it)."""
+        return int(self.speculative_num_draft_tokens)
+
     def _init_hybrid(self) -> None:
         from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
 
         config = plugin_config()
         self.hybrid = HybridState(config.hybrid_policy)
-        self._width = self.speculative_num_draft_tokens
         self._suffix = SuffixWorker.drafting_only(use_tree=self.topk > 1)
         self._phase: str | None = None
         self._captured: list[torch.Tensor] = []

@@ -8,6 +8,8 @@ Called by :func:`sglang_spec_ext.plugin.register` (so in every process SGLang's
   runs one of our algorithms;
 * fixes of host bugs that break speculative serving (``sglang/host_fixes.py``), on
   every host, switched by ``SGLANG_SPEC_EXT_HOST_FIXES`` (default on);
+* with ``SGLANG_SPEC_EXT_ADAPTIVE=1``, the goodput controller for model drafts
+  (``sglang/model_draft_adaptive.py``): EAGLE, EAGLE3, STANDALONE and HYBRID step counts;
 * the pure-torch CPU kernel fallbacks, switched by ``SGLANG_SPEC_EXT_CPU_FALLBACKS``
   (default on). Each decides for itself whether the host needs it; on GPU hosts
   nothing is installed.
@@ -39,6 +41,10 @@ def install_runtime_hooks() -> list[str]:
             "sglang-spec-ext host fixes disabled (SGLANG_SPEC_EXT_HOST_FIXES=0): speculative "
             "requests near the context limit can leak KV slots (see README, known host issues)"
         )
+    if config.adaptive:
+        from sglang_spec_ext.sglang.model_draft_adaptive import install_model_draft_adaptive
+
+        installed += install_model_draft_adaptive()
     if config.cpu_fallbacks:
         from sglang_spec_ext.sglang.cpu_fallbacks.install import install_cpu_fallbacks
 

@@ -11,6 +11,7 @@ from sglang_spec_ext.adaptive.cost import (
     StepCostModel,
     StepCostParams,
     analytic_step_time,
+    step_time,
 )
 
 TRUTH = StepCostParams()
@@ -49,10 +50,20 @@ def test_calibration_recovers_constants_from_noisy_samples() -> None:
         if rng.random() < 0.02:
             t *= 3.0  # outliers
         model.observe(bs, k, t)
-    got = dict(zip(COEFF_NAMES, model.coefficients / truth, strict=True))
+    with np.errstate(invalid="ignore"):  # the draft-model coefficients are 0 here
+        got = dict(zip(COEFF_NAMES, model.coefficients / truth, strict=True))
     for name in ("weights", "kv_per_req", "flop_per_token"):
         assert abs(got[name] - 1) < 0.1, (name, got)
-    assert abs(got["fixed"] * truth[0] + got["weights"] * truth[3] - truth[0] - truth[3]) < 3e-4
+    fixed, weights = COEFF_NAMES.index("fixed"), COEFF_NAMES.index("weights")
+    assert (
+        abs(
+            got["fixed"] * truth[fixed]
+            + got["weights"] * truth[weights]
+            - truth[fixed]
+            - truth[weights]
+        )
+        < 3e-4
+    )
     bs = np.repeat([1, 4, 16, 64, 256], 6)
     ks = np.tile([0, 1, 3, 8, 16, 32], 5)
     rel = model.predict_fit(bs, ks) / analytic_step_time(truth, bs, ks)
@@ -88,3 +99,31 @@ def test_invalid_measurements_are_ignored() -> None:
         model.observe(4, 2, t)
     model.observe(0, 2, 0.01)
     assert model.num_samples == 0
+
+
+def test_model_draft_terms_charge_draft_forwards_and_calibrate() -> None:
+    """Model drafts: k draft forwards per step (k = 0: the warm-KV draft extend, or
+    nothing when skipped); a wrong draft prior calibrates from measured times."""
+    eagle = PRESETS["llama3-8b-h100-eagle3"]
+    base = PRESETS["llama3-8b-h100"]
+    per_forward = eagle.coefficients()[COEFF_NAMES.index("draft_step")]
+    assert per_forward > 0
+    d = step_time(eagle, 1, [0, 1, 4]) - step_time(base, 1, [0, 1, 4])
+    per_req = eagle.coefficients()[COEFF_NAMES.index("draft_step_per_req")]
+    np.testing.assert_allclose(d, np.array([1, 1, 4]) * (per_forward + per_req), rtol=1e-9)
+    skip = eagle.with_overrides(zero_step_draft=0.0)
+    assert step_time(skip, 64, 0)[0] == pytest.approx(step_time(base, 64, 0)[0])
+    with pytest.raises(ValueError, match="zero_step_draft"):
+        StepCostParams(zero_step_draft=2.0)
+
+    rng = np.random.default_rng(1)
+    prior = eagle.with_overrides(draft_weight_bytes=3.0e9, draft_fixed_s=0.5e-3)
+    model = StepCostModel(prior)
+    for _ in range(1200):
+        bs = int(2 ** rng.integers(0, 9))
+        k = int(rng.choice([0, 1, 2, 3, 5, 7]))
+        model.observe(bs, k, step_time(eagle, bs, k)[0] * np.exp(rng.normal(0, 0.03)))
+    bs = np.repeat([1, 8, 64, 256], 5)
+    ks = np.tile([0, 1, 3, 5, 7], 4)
+    rel = model.predict_fit(bs, ks) / step_time(eagle, bs, ks)
+    assert np.all(np.abs(rel - 1) < 0.05), rel

@@ -1,0 +1,251 @@
+"""The goodput controller for model drafts: EAGLE, EAGLE3, STANDALONE and HYBRID.
+
+``SGLANG_SPEC_EXT_ADAPTIVE=1`` with ``--speculative-algorithm EAGLE | EAGLE3 |
+STANDALONE | HYBRID`` (topk 1). The host already keeps one runtime state per draft
+step count for its own adaptive EAGLE (``adaptive_runtime_state.AdaptiveController``:
+draft and verify attention backends and CUDA graphs per step count, swapped before a
+decode step); its decision policy is a protocol (``AdaptiveSpecPolicy``). We plug our
+controller in as that policy, so step counts switch through the host's own runtime
+states, never eagerly:
+
+* a ``HookRegistry`` hook on ``EAGLEWorkerV2.init_cuda_graphs`` (inherited by
+  ``StandaloneWorkerV2`` and our HYBRID workers) attaches the host's controller with
+  :class:`GoodputStepPolicy` before the host builds its states, one per step count
+  ``0..--speculative-num-steps`` (STANDALONE and HYBRID, which the host leaves without
+  adaptive steps, get them the same way);
+* before each decode step the host asks the policy for the step count of the batch
+  size at hand (``get_steps_for_batch``): :meth:`GoodputStepPolicy.get_steps_for_batch`
+  returns the controller's choice (``adaptive.AdaptiveController`` with chain
+  acceptance per draft depth, ``adaptive/chain.py``);
+* after each verify the host reports the accepted drafts per request
+  (``on_verify_complete``); the step time fed to the cost model is the wall time
+  between two consecutive decode steps of the same batch size with no prefill between
+  them (a hook on ``_forward_prefill_batch`` marks prefills). Under overlap scheduling
+  the accepted counts of a step arrive after the next step started; decisions are
+  matched to reports in order.
+
+Zero steps is the host's own zero-step path (a one-token verify). The host runs the
+draft extend there to keep the draft KV cache warm unless
+``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``; the cost model's prior follows that
+setting and calibrates the rest on the running server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
+
+from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
+from sglang_spec_ext.adaptive.config import CHAIN_DEFAULTS
+
+logger = logging.getLogger("sglang_spec_ext")
+
+INIT_TARGET = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.init_cuda_graphs"
+PREFILL_TARGET = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2._forward_prefill_batch"
+#: Log line prefix; what follows is {batch-size tier: {draft steps: decode steps}} since
+#: the previous line.
+STEPS_LOG_MARK = "sglang-spec-ext adaptive steps per batch-size tier since the last line: "
+SKIP_ZERO_STEP_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
+#: Decisions kept waiting for their verify report (overlap keeps one in flight).
+MAX_PENDING = 8
+#: Cost-model prior by draft kind, unless the user names one.
+KIND_PRESETS = {
+    "eagle": "llama3-8b-h100-eagle3",
+    "eagle3": "llama3-8b-h100-eagle3",
+    "standalone": "llama3-8b-h100-standalone-1b",
+}
+
+
+class AdaptiveStepsError(ValueError):
+    """The adaptive controller cannot drive this server configuration."""
+
+
+class GoodputStepPolicy:
+    """The host's ``AdaptiveSpecPolicy`` protocol, answered by our controller."""
+
+    def __init__(
+        self,
+        controller: AdaptiveController,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        log_interval_s: float = 30.0,
+    ) -> None:
+        self.controller = controller
+        self._clock = clock
+        self._cuda_graph_bs: list[int] | None = None
+        self._pending: deque[tuple[int, int]] = deque()  # (bs, steps) awaiting a report
+        self._last: tuple[int, int, float] | None = None  # (bs, steps, start) of the last step
+        self._log_interval_s = log_interval_s
+        self._logged_at = clock()
+        self._used: dict[int, Counter[int]] = {}
+
+    # -- host protocol -------------------------------------------------------------
+    @property
+    def candidate_steps(self) -> list[int]:
+        return [int(k) for k in self.controller.ks]
+
+    def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
+        self._cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
+
+    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
+        # every step count can be chosen at every batch size
+        return None if self._cuda_graph_bs is None else list(self._cuda_graph_bs)
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        """Called by the host before each decode step: the step count to run."""
+        now = self._clock()
+        bs = int(batch_size)
+        if self._last is not None:
+            last_bs, last_k, start = self._last
+            if last_bs == bs:
+                self.controller.observe_step_time(bs, last_k, now - start)
+        if bs < 1:  # an idle batch: nothing to decide
+            self._last = None
+            return self.candidate_steps[0]
+        steps = int(self.controller.choose_k(bs))
+        self._last = (bs, steps, now)
+        self._pending.append((bs, steps))
+        while len(self._pending) > MAX_PENDING:
+            self._pending.popleft()
+        self._count(bs, steps, now)
+        return steps
+
+    def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> None:
+        """Called by the host after each decode verify; switching happens at the next
+        ``get_steps_for_batch``, so this never asks for one (returns ``None``)."""
+        if not self._pending:
+            return None
+        bs, steps = self._pending.popleft()
+        accepted = [int(a) for a in num_correct_drafts_per_req]
+        if len(accepted) != bs:  # a report that does not match the decision: skip it
+            return None
+        self.controller.on_verify(bs, steps, accepted)
+        return None
+
+    # -- ours -----------------------------------------------------------------------
+    def note_prefill(self) -> None:
+        """A prefill ran: the time since the last decode step is not a step time."""
+        self._last = None
+
+    def _count(self, bs: int, steps: int, now: float) -> None:
+        """Count the choice; every ``log_interval_s`` log the counts since the last line."""
+        tier = int(self.controller.policy.tiers[self.controller.policy.tier_index(bs)])
+        self._used.setdefault(tier, Counter())[steps] += 1
+        if now - self._logged_at >= self._log_interval_s:
+            self._logged_at = now
+            counts = {t: dict(sorted(c.items())) for t, c in sorted(self._used.items())}
+            logger.info("%s%s", STEPS_LOG_MARK, counts)
+            self._used.clear()
+
+
+def controller_config(kind: str, max_steps: int) -> AdaptiveConfig:
+    """The controller config for a model draft of ``kind`` with at most ``max_steps``."""
+    from sglang_spec_ext.config import adaptive_config
+    from sglang_spec_ext.sglang.server_args import plugin_config
+
+    config = plugin_config()
+    options = dict(config.adaptive_options)
+    cfg = adaptive_config(config, max_k=max_steps)
+    overrides: dict[str, Any] = {k: v for k, v in CHAIN_DEFAULTS.items() if k not in options}
+    if "candidate_ks" not in options:  # chains: every step count up to the startup one
+        overrides["candidate_ks"] = tuple(range(0, max_steps + 1))
+    if "cost_preset" not in options:
+        overrides["cost_preset"] = KIND_PRESETS.get(kind, KIND_PRESETS["standalone"])
+    if "cost_zero_step_draft" not in options:
+        skip = os.environ.get(SKIP_ZERO_STEP_ENV, "").lower() in ("1", "true", "yes")
+        overrides["cost_zero_step_draft"] = 0.0 if skip else 1.0
+    import dataclasses
+
+    return dataclasses.replace(cfg, **overrides)
+
+
+def worker_kind(worker: Any) -> str:
+    """``eagle`` / ``eagle3`` / ``standalone`` for a host model-draft worker."""
+    algo = getattr(worker, "speculative_algorithm", None)
+    if algo is not None and algo.is_standalone():
+        return "standalone"
+    if algo is not None and algo.is_eagle3():
+        return "eagle3"
+    return "eagle"
+
+
+def attach(worker: Any) -> GoodputStepPolicy | None:
+    """Give ``worker`` the host's adaptive controller with our policy, if configured.
+
+    Called before the host builds its runtime states. ``None`` when the plugin's
+    adaptive switch is off or this rank hosts no draft (pipeline stages before the last).
+    """
+    from sglang_spec_ext.sglang.server_args import plugin_config
+
+    config = plugin_config()
+    if not config.adaptive or not getattr(worker, "_hosts_draft", True):
+        return None
+    if getattr(worker, "adaptive_controller", None) is not None:
+        raise AdaptiveStepsError(
+            "SGLANG_SPEC_EXT_ADAPTIVE=1 and --speculative-adaptive are both set: choose one "
+            "controller (drop --speculative-adaptive for ours, or unset "
+            "SGLANG_SPEC_EXT_ADAPTIVE for the host's EMA policy)"
+        )
+    if int(getattr(worker, "topk", 1)) != 1:
+        raise AdaptiveStepsError(
+            f"SGLANG_SPEC_EXT_ADAPTIVE=1 with --speculative-eagle-topk {worker.topk}: the "
+            "adaptive step controller drives chain drafts (topk 1) only; use "
+            "--speculative-eagle-topk 1 or unset SGLANG_SPEC_EXT_ADAPTIVE"
+        )
+    max_steps = int(worker.speculative_num_steps)
+    if max_steps < 1:
+        raise AdaptiveStepsError(
+            f"--speculative-num-steps {max_steps}: the adaptive controller needs at least 1"
+        )
+    from sglang.srt.speculative.adaptive_runtime_state import (
+        AdaptiveController as HostAdaptiveController,
+    )
+
+    kind = worker_kind(worker)
+    policy = GoodputStepPolicy(
+        AdaptiveController(controller_config(kind, max_steps)),
+        log_interval_s=config.stats_log_interval_s,
+    )
+    worker.adaptive_controller = HostAdaptiveController(worker, policy)
+    logger.info(
+        "sglang-spec-ext adaptive steps on %s (%s draft): step counts %s chosen per batch "
+        "size from expected committed tokens per second (cost prior %s)",
+        type(worker).__name__,
+        kind,
+        policy.candidate_steps,
+        policy.controller.config.cost_preset,
+    )
+    return policy
+
+
+def _init_cuda_graphs_hook(original: Callable[..., Any], worker: Any, *args: Any, **kw: Any) -> Any:
+    attach(worker)
+    return original(worker, *args, **kw)
+
+
+def _prefill_hook(worker: Any, *args: Any, **kwargs: Any) -> None:
+    policy = getattr(getattr(worker, "adaptive_controller", None), "params", None)
+    if isinstance(policy, GoodputStepPolicy):
+        policy.note_prefill()
+    return None
+
+
+def install_model_draft_adaptive() -> list[str]:
+    """Register the two hooks (idempotent); return the installed name."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    new = False
+    for target, hook, hook_type in (
+        (INIT_TARGET, _init_cuda_graphs_hook, HookType.AROUND),
+        (PREFILL_TARGET, _prefill_hook, HookType.BEFORE),
+    ):
+        if not any(h is hook for _t, h, _s in HookRegistry._hooks.get(target, ())):
+            HookRegistry.register(target, hook, hook_type)
+            new = True
+    if new:
+        HookRegistry.apply_hooks()
+    return ["model_draft_adaptive"]

@@ -1,0 +1,91 @@
+"""The goodput controller for model drafts on the real host's CPU engine
+(``SGLANG_SPEC_EXT_ADAPTIVE=1``, sglang/model_draft_adaptive.py): STANDALONE (the
+tiny model as its own draft) and HYBRID (a 1-layer draft plus suffix drafts) switch
+draft step counts through the host's own per-step-count runtime states, and greedy
+output stays identical to plain serving at batch size 1 and under concurrency. The
+step counts chosen per batch-size tier are read back from the server log."""
+
+from __future__ import annotations
+
+import ast
+import concurrent.futures as cf
+
+import pytest
+
+from sglang_spec_ext.sglang.model_draft_adaptive import STEPS_LOG_MARK
+from tests.e2e.test_standalone_serving import TOPK1, TOPK2, _cases, _greedy
+
+#: Short patience and frequent probes so step counts really change within the test;
+#: a log line with the chosen step counts every decode step.
+ADAPTIVE_ENV = {
+    "SGLANG_SPEC_EXT_ADAPTIVE": "1",
+    "SGLANG_SPEC_EXT_ADAPTIVE_SWITCH_PATIENCE": "2",
+    "SGLANG_SPEC_EXT_ADAPTIVE_PROBE_INTERVAL": "4",
+    "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0",
+}
+
+
+def _server(start_module_server, tiny_model_dir, algo, draft_dir):
+    return start_module_server(
+        tiny_model_dir, "--speculative-algorithm", algo,
+        "--speculative-draft-model-path", str(draft_dir), *TOPK1, env=ADAPTIVE_ENV,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def standalone_adaptive(tiny_model_dir, start_module_server):
+    return _server(start_module_server, tiny_model_dir, "STANDALONE", tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def hybrid_adaptive(tiny_model_dir, weak_draft_dir, start_module_server):
+    return _server(start_module_server, tiny_model_dir, "HYBRID", weak_draft_dir)
+
+
+def _steps_used(server) -> dict[int, set[int]]:
+    """Batch-size tier -> draft step counts the controller chose, from the log."""
+    used: dict[int, set[int]] = {}
+    for line in server.log_path.read_text(errors="replace").splitlines():
+        if STEPS_LOG_MARK in line:
+            counts = ast.literal_eval(line.split(STEPS_LOG_MARK, 1)[1].strip())
+            for tier, per_steps in counts.items():
+                used.setdefault(int(tier), set()).update(int(s) for s in per_steps)
+    return used
+
+
+def _check(base, spec, tok, name):
+    cases = [ids for _, ids in _cases(tok)]
+    want = [_greedy(base, ids)["output_ids"] for ids in cases]
+    for ids, w in zip(cases, want, strict=True):  # one at a time: batch size 1
+        assert _greedy(spec, ids)["output_ids"] == w, f"{name}: output differs at batch size 1"
+    with cf.ThreadPoolExecutor(len(cases)) as pool:  # then batches of several sizes
+        got = list(pool.map(lambda ids: _greedy(spec, ids)["output_ids"], cases))
+    assert got == want, f"{name}: output differs under concurrency"
+    log = spec.log_path.read_text(errors="replace")
+    assert "sglang-spec-ext adaptive steps on" in log
+    used = _steps_used(spec)
+    print(f"\n{name}: draft steps chosen per batch-size tier: {used}")
+    assert 1 in used, "no decisions logged at batch size 1"
+    assert len(set().union(*used.values())) >= 2, "the controller never changed the step count"
+    assert set().union(*used.values()) <= {0, 1, 2, 3}  # 0..--speculative-num-steps
+
+
+def test_standalone_adaptive_steps_parity(tiny_baseline_server, standalone_adaptive, tok):
+    _check(tiny_baseline_server, standalone_adaptive, tok, "STANDALONE adaptive")
+
+
+def test_hybrid_adaptive_steps_parity(tiny_baseline_server, hybrid_adaptive, tok):
+    _check(tiny_baseline_server, hybrid_adaptive, tok, "HYBRID adaptive")
+
+
+def test_adaptive_with_tree_drafts_is_refused_at_start_up(
+    tiny_model_dir, weak_draft_dir, start_server
+):
+    from tests.harness.server import ServerStartError
+
+    with pytest.raises(ServerStartError) as err:
+        start_server(
+            tiny_model_dir, "--speculative-algorithm", "HYBRID",
+            "--speculative-draft-model-path", str(weak_draft_dir), *TOPK2, env=ADAPTIVE_ENV,
+        )  # fmt: skip
+    assert "--speculative-eagle-topk 2" in str(err.value)
