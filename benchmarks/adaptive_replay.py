@@ -39,7 +39,6 @@ import logging
 import os
 import platform
 import sys
-import tempfile
 import time
 from collections.abc import Hashable, Mapping, Sequence
 from importlib import metadata
@@ -101,27 +100,17 @@ class HostEMAPolicy:
 
     def __init__(self, initial_steps: int = 3, max_steps: int | None = None) -> None:
         """``max_steps``: drop the host's default candidates above it (through its own
-        config-file interface), so it chooses among steps the drafts really have."""
-        from sglang.srt.speculative.adaptive_spec_params import (
-            DEFAULT_ADAPTIVE_CONFIG,
-            AdaptiveSpeculativeParams,
-        )
+        config-file interface, as the server does), so it chooses among steps the
+        drafts really have."""
+        from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
+
+        from sglang_spec_ext.sglang.model_draft_adaptive import host_ema_policy
 
         logging.getLogger("sglang").setLevel(logging.WARNING)
-        cfg_path = None
-        if max_steps is not None:
-            cfg = {
-                bs: {**e, "candidate_steps": [s for s in e["candidate_steps"] if s <= max_steps]}
-                for bs, e in DEFAULT_ADAPTIVE_CONFIG.items()
-            }
-            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-                json.dump(cfg, f)
-            cfg_path = f.name
-        try:
-            self.params = AdaptiveSpeculativeParams(initial_steps=initial_steps, cfg_path=cfg_path)
-        finally:
-            if cfg_path is not None:
-                os.unlink(cfg_path)
+        if max_steps is None:
+            self.params = AdaptiveSpeculativeParams(initial_steps=initial_steps)
+        else:
+            self.params = host_ema_policy(max_steps)
 
     def choose(self, batch_size: int, req_ids: Sequence[Hashable]) -> int:
         return int(self.params.get_steps_for_batch(batch_size))

@@ -164,6 +164,14 @@ FIELDS: tuple[Field, ...] = (
     ),
     # Adaptive draft-width controller.
     Field("adaptive", bool, False, "choose the draft width per step from measured goodput"),
+    Field(
+        "adaptive_policy",
+        str,
+        "goodput",
+        "who picks model-draft step counts under SGLANG_SPEC_EXT_ADAPTIVE=1: goodput (our "
+        "controller) or host-ema (SGLang's own EMA policy, for comparisons on one build)",
+        choices=("goodput", "host-ema"),
+    ),
     # HYBRID (suffix drafts + the host's model draft).
     Field(
         "hybrid_draft",
@@ -274,6 +282,7 @@ class PluginConfig:
     host_fixes: bool = True
     stats_log_interval_s: float = 30.0
     adaptive: bool = False
+    adaptive_policy: str = "goodput"
     hybrid_draft: str = "auto"
     hybrid_policy: str = "learned"
     # Where each value came from: field name -> "default" | "file" | "env".

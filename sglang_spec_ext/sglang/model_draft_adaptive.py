@@ -206,6 +206,17 @@ def attach(worker: Any) -> GoodputStepPolicy | None:
     )
 
     kind = worker_kind(worker)
+    if config.adaptive_policy == "host-ema":
+        ema = host_ema_policy(max_steps)
+        worker.adaptive_controller = HostAdaptiveController(worker, ema)
+        logger.info(
+            "sglang-spec-ext adaptive steps on %s (%s draft): the host's EMA policy, step "
+            "counts %s (SGLANG_SPEC_EXT_ADAPTIVE_POLICY=host-ema)",
+            type(worker).__name__,
+            kind,
+            ema.candidate_steps,
+        )
+        return ema
     policy = GoodputStepPolicy(
         AdaptiveController(controller_config(kind, max_steps)),
         log_interval_s=config.stats_log_interval_s,
@@ -220,6 +231,30 @@ def attach(worker: Any) -> GoodputStepPolicy | None:
         policy.controller.config.cost_preset,
     )
     return policy
+
+
+def host_ema_policy(max_steps: int) -> Any:
+    """The host's own EMA policy (``AdaptiveSpeculativeParams``, its default tiers) with
+    the step counts above ``max_steps`` dropped through its config-file interface (the
+    runtime buffers are sized for ``--speculative-num-steps``)."""
+    import json
+    import tempfile
+
+    from sglang.srt.speculative.adaptive_spec_params import (
+        DEFAULT_ADAPTIVE_CONFIG,
+        AdaptiveSpeculativeParams,
+    )
+
+    cfg = {}
+    for bs, entry in DEFAULT_ADAPTIVE_CONFIG.items():
+        steps = [s for s in entry["candidate_steps"] if s <= max_steps] or [max_steps]
+        cfg[bs] = {**entry, "candidate_steps": steps}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(cfg, f)
+    try:
+        return AdaptiveSpeculativeParams(initial_steps=max_steps, cfg_path=f.name)
+    finally:
+        os.unlink(f.name)
 
 
 def _init_cuda_graphs_hook(original: Callable[..., Any], worker: Any, *args: Any, **kw: Any) -> Any:

@@ -1,0 +1,184 @@
+"""The goodput controller as the host's adaptive policy (sglang/model_draft_adaptive.py),
+driven through SGLang's real ``adaptive_runtime_state.AdaptiveController`` and its real
+``AdaptiveSpeculativeParams`` (the EMA policy). The worker is a stand-in: the real
+EAGLEWorkerV2 builds its runtime states from model runners and attention backends that
+need a GPU here; the stand-in records what the host's controller asks of it (the e2e
+test tests/e2e/test_model_draft_adaptive_serving.py runs the real worker on CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sglang.srt.speculative.adaptive_runtime_state import (
+    AdaptiveController as HostAdaptiveController,
+)
+from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
+from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
+
+from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
+from sglang_spec_ext.adaptive.chain import ChainAcceptance
+from sglang_spec_ext.adaptive.config import CHAIN_DEFAULTS
+from sglang_spec_ext.sglang import model_draft_adaptive as mda
+
+
+class StandInWorker:
+    """What the host's AdaptiveController needs of a worker (GPU-only in reality)."""
+
+    def __init__(self, steps: int = 3, topk: int = 1) -> None:
+        self.speculative_num_steps = steps
+        self.speculative_num_draft_tokens = steps + 1
+        self.topk = topk
+        self.adaptive_controller = None
+        self.built: list[tuple[int, int]] = []
+
+    def build_adaptive_runtime_state(
+        self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None
+    ):
+        self.built.append((speculative_num_steps, speculative_num_draft_tokens))
+        return _state(speculative_num_steps)
+
+    def apply_runtime_state(self, state: SpecRuntimeState) -> None:
+        self.speculative_num_steps = state.speculative_num_steps
+        self.speculative_num_draft_tokens = state.speculative_num_draft_tokens
+
+
+def _state(steps: int) -> SpecRuntimeState:
+    return SpecRuntimeState(steps, steps + 1, None, None, object(), None, None, None)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _policy(max_steps=3, clock=None, **cfg):
+    config = AdaptiveConfig(
+        candidate_ks=tuple(range(max_steps + 1)), max_k=max_steps, cost_preset="llama3-8b-h100-eagle3",
+        **{**CHAIN_DEFAULTS, **cfg},
+    )  # fmt: skip
+    return mda.GoodputStepPolicy(AdaptiveController(config), clock=clock or Clock())
+
+
+def _wired(policy, steps=3):
+    worker = StandInWorker(steps)
+    host = HostAdaptiveController(worker, policy)
+    host.register(_state(steps))
+    host.init_states(cuda_graph_bs=None)
+    return worker, host
+
+
+def test_host_controller_builds_one_state_per_step_count_and_switches_by_our_choice():
+    policy = _policy()
+    worker, host = _wired(policy)
+    assert policy.candidate_steps == [0, 1, 2, 3]
+    assert sorted(worker.built) == [(0, 1), (1, 2), (2, 3)]  # 3 was registered at start-up
+    host.activate_step_by_batch(1)
+    assert worker.speculative_num_steps == policy._pending[-1][1]
+
+
+def test_drafts_always_accepted_drive_bs1_to_the_most_steps_and_rejected_to_zero():
+    for accept_all, want in ((True, 3), (False, 0)):
+        policy = _policy()
+        worker, host = _wired(policy)
+        for _ in range(400):
+            host.activate_step_by_batch(1)
+            k = worker.speculative_num_steps
+            host.on_verify_complete([k if accept_all else 0], batch_size=1)
+        tier = policy.controller.snapshot()["tiers"][0]
+        assert tier["k"] == want, (accept_all, tier)
+
+
+def test_reports_are_matched_to_decisions_in_order_under_overlap():
+    """Overlap scheduling: the next step is chosen before the last one's report."""
+    clock = Clock()
+    policy = _policy(clock=clock)
+    seen = []
+    real = policy.controller.on_verify
+    policy.controller.on_verify = lambda bs, k, acc, *a, **kw: (
+        seen.append((bs, k, list(acc))),
+        real(bs, k, acc),
+    )
+    k1 = policy.get_steps_for_batch(2)
+    k2 = policy.get_steps_for_batch(2)
+    policy.on_verify_complete([1, 0], 2)
+    policy.on_verify_complete([0, 0], 2)
+    assert seen == [(2, k1, [1, 0]), (2, k2, [0, 0])]
+    policy.on_verify_complete([5], 1)  # a stray report: nothing pending, ignored
+    assert len(seen) == 2
+
+
+def test_step_time_is_the_gap_between_decode_steps_of_one_batch_size():
+    clock = Clock()
+    policy = _policy(clock=clock)
+    times = []
+    policy.controller.observe_step_time = lambda bs, k, dt: times.append((bs, k, dt))
+    k = policy.get_steps_for_batch(4)
+    clock.t = 0.010
+    policy.get_steps_for_batch(4)
+    assert times == [(4, k, pytest.approx(0.010))]
+    clock.t = 0.015
+    policy.get_steps_for_batch(3)  # the batch size changed: not a step time
+    policy.note_prefill()  # a prefill in between: not a step time either
+    clock.t = 0.050
+    policy.get_steps_for_batch(3)
+    assert len(times) == 1
+
+
+def test_the_chosen_steps_are_logged_per_batch_size_tier(caplog):
+    clock = Clock()
+    policy = mda.GoodputStepPolicy(_policy().controller, clock=clock, log_interval_s=1.0)
+    with caplog.at_level("INFO", logger="sglang_spec_ext"):
+        for bs in (1, 1, 5, 70):
+            policy.get_steps_for_batch(bs)
+        clock.t = 2.0
+        policy.get_steps_for_batch(1)
+    (line,) = [r.getMessage() for r in caplog.records if mda.STEPS_LOG_MARK in r.getMessage()]
+    counts = eval(line.split(mda.STEPS_LOG_MARK, 1)[1])  # noqa: S307 - our own dict literal
+    assert set(counts) == {1, 4, 64} and sum(counts[1].values()) == 3
+
+
+def test_attach_refuses_two_controllers_and_tree_drafts(monkeypatch):
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
+    worker = StandInWorker()
+    worker.adaptive_controller = object()  # the host's --speculative-adaptive built one
+    with pytest.raises(mda.AdaptiveStepsError, match="--speculative-adaptive are both set"):
+        mda.attach(worker)
+    with pytest.raises(mda.AdaptiveStepsError, match="--speculative-eagle-topk 2"):
+        mda.attach(StandInWorker(topk=2))
+    monkeypatch.delenv("SGLANG_SPEC_EXT_ADAPTIVE")
+    assert mda.attach(StandInWorker()) is None  # switched off: the worker is left alone
+
+
+def test_attach_gives_the_host_controller_our_policy_or_the_host_ema(monkeypatch):
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
+    worker = StandInWorker(steps=2)
+    policy = mda.attach(worker)
+    assert isinstance(policy, mda.GoodputStepPolicy)
+    assert isinstance(worker.adaptive_controller, HostAdaptiveController)
+    assert policy.candidate_steps == [0, 1, 2]
+    assert policy.controller.config.draft_shape == "chain"
+    assert policy.controller.config.cost_zero_step_draft == 1.0  # host default: warm draft KV
+    monkeypatch.setenv(mda.SKIP_ZERO_STEP_ENV, "1")
+    assert mda.attach(StandInWorker(steps=2)).controller.config.cost_zero_step_draft == 0.0
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE_POLICY", "host-ema")
+    worker = StandInWorker(steps=2)
+    ema = mda.attach(worker)
+    assert isinstance(ema, AdaptiveSpeculativeParams)
+    assert max(ema.candidate_steps) <= 2  # the host's 3/5/7 are beyond the buffers
+
+
+def test_chain_acceptance_counts_trials_and_successes_per_depth():
+    chain = ChainAcceptance(3, prior_mean=0.5, prior_strength=1e-9, decay=1.0)
+    chain.observe(3, [0, 1, 3, 2])
+    # depth 1: 4 trials, 3 accepted; depth 2: 3 trials (a >= 1), 2 accepted; depth 3: 2, 1
+    np.testing.assert_allclose(chain.trials, [4, 3, 2])
+    np.testing.assert_allclose(chain.successes, [3, 2, 1])
+    a = np.array([3 / 4, 2 / 3, 1 / 2])
+    want = 1 + np.concatenate([[0], np.cumsum(np.cumprod(a))])
+    np.testing.assert_allclose(chain.expected_accept_lengths([0, 1, 2, 3, 9]), [*want, want[-1]])
+    assert chain.evidence(0) == float("inf") and chain.evidence(2) == pytest.approx(3)
+    chain.observe(1, [1, 1])  # a 1-step chain says nothing about depth 2
+    np.testing.assert_allclose(chain.trials, [6, 3, 2])
