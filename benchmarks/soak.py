@@ -45,6 +45,8 @@ from sglang_spec_ext.soak import (  # noqa: E402
     soak,
 )
 
+CHAIN3 = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
+ADAPTIVE = {"SGLANG_SPEC_EXT_ADAPTIVE": "1"}
 #: Algorithm label -> (launch flags, extra environment).
 ALGORITHMS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "SUFFIX": (("--speculative-algorithm", "SUFFIX"), {}),
@@ -54,10 +56,17 @@ ALGORITHMS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     # topk-4 trees: --width is the verify width, the suffix drafts may fill it.
     "HYBRID": (("--speculative-algorithm", "HYBRID", "--speculative-num-steps", "3",
                 "--speculative-eagle-topk", "4"), {}),
+    # Adaptive draft steps (0..3) over chains of the same weak draft; the verify width is
+    # steps + 1 whatever --width says.
+    "HYBRID-adaptive": (("--speculative-algorithm", "HYBRID", *CHAIN3), ADAPTIVE),
+    "STANDALONE-adaptive": (("--speculative-algorithm", "STANDALONE", *CHAIN3), ADAPTIVE),
 }  # fmt: skip
+#: Algorithms with a model draft (the weak draft below), and those of them on chains.
+CHAINED = ("HYBRID-adaptive", "STANDALONE-adaptive")
+MODEL_DRAFT = ("HYBRID", *CHAINED)
 #: Our algorithms: penalty requests are refused (request_guard.py), the drafter reports
 #: its statistics.
-GUARDED = ("SUFFIX", "SUFFIX-adaptive", "HYBRID")
+GUARDED = ("SUFFIX", "SUFFIX-adaptive", "HYBRID", "HYBRID-adaptive")
 MODES = {
     "short": {
         "requests": 120,
@@ -188,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                 "SGLANG_SPEC_EXT_MAX_CACHED_TOKENS": str(drafter_tokens),
                 "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "1",
             }
-            spec_flags = [*common, *flags, "--speculative-num-draft-tokens", str(args.width)]
-            if name == "HYBRID":
+            width = "4" if name in CHAINED else str(args.width)  # chains: steps + 1
+            spec_flags = [*common, *flags, "--speculative-num-draft-tokens", width]
+            if name in MODEL_DRAFT:
                 spec_flags += ["--speculative-draft-model-path", str(weak_draft(model))]
             with launch(model, name, spec_flags, env, log_dir) as server:
                 handle = ServerHandle(

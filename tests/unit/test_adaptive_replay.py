@@ -88,3 +88,32 @@ def test_benchmark_synthetic_small_meets_the_bars(tmp_path: Path) -> None:
             if "ok_host_ema" in bars:
                 assert bars["ok_host_ema"], (set_name, bs, bars)
     assert report["all_bars_ok"]
+
+
+def test_benchmark_model_draft_mode_charges_draft_forwards(tmp_path: Path) -> None:
+    """--model-drafts: STANDALONE-shaped tables from the committed trace proposals and an
+    EAGLE-shaped synthetic set; zero steps through the speculative worker costs a draft
+    forward (warm) unless skipped, and "plain" is a server without speculation."""
+    bench = load_bench()
+    common = ["--model-drafts", "--batch-sizes", "1,128", "--steps", "600", "--requests", "40"]
+    common += ["--plot", ""]
+    if not bench.host_ema_available():
+        common.append("--no-host-ema")
+    reports = {}
+    for zero in ("warm", "skip"):
+        out = tmp_path / f"{zero}.json"
+        reports[zero] = bench.main([*common, "--zero-step", zero, "--out", str(out)])
+    warm, skip = reports["warm"]["results"], reports["skip"]["results"]
+    assert set(warm) == {"standalone:agentic", "standalone:chat", "standalone:code-edit",
+                         "eagle3:synthetic"}  # fmt: skip
+    for set_name in warm:
+        for bs in ("1", "128"):
+            w, s = warm[set_name][bs], skip[set_name][bs]
+            assert w["plain"]["goodput_tok_s"] == s["plain"]["goodput_tok_s"]
+            # k = 0 on the speculative worker: plain + a draft forward, or exactly plain
+            assert w["fixed k=0"]["goodput_tok_s"] < 0.99 * w["plain"]["goodput_tok_s"]
+            assert s["fixed k=0"]["goodput_tok_s"] == pytest.approx(s["plain"]["goodput_tok_s"])
+            best = max(v["goodput_tok_s"] for n, v in w.items() if n.startswith("fixed"))
+            assert w["controller"]["goodput_tok_s"] >= 0.95 * best, (set_name, bs)
+    # the EAGLE-shaped head pays off at batch 1 with several steps
+    assert warm["eagle3:synthetic"]["1"]["controller"]["mean_k"] > 3
