@@ -60,13 +60,16 @@ ALGORITHMS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     # steps + 1 whatever --width says.
     "HYBRID-adaptive": (("--speculative-algorithm", "HYBRID", *CHAIN3), ADAPTIVE),
     "STANDALONE-adaptive": (("--speculative-algorithm", "STANDALONE", *CHAIN3), ADAPTIVE),
+    # ... and over topk-4 trees (verify widths per step count up to --width)
+    "HYBRID-tree-adaptive": (("--speculative-algorithm", "HYBRID", "--speculative-num-steps",
+                              "3", "--speculative-eagle-topk", "4"), ADAPTIVE),
 }  # fmt: skip
 #: Algorithms with a model draft (the weak draft below), and those of them on chains.
 CHAINED = ("HYBRID-adaptive", "STANDALONE-adaptive")
-MODEL_DRAFT = ("HYBRID", *CHAINED)
+MODEL_DRAFT = ("HYBRID", "HYBRID-tree-adaptive", *CHAINED)
 #: Our algorithms: penalty requests are refused (request_guard.py), the drafter reports
 #: its statistics.
-GUARDED = ("SUFFIX", "SUFFIX-adaptive", "HYBRID", "HYBRID-adaptive")
+GUARDED = ("SUFFIX", "SUFFIX-adaptive", "HYBRID", "HYBRID-adaptive", "HYBRID-tree-adaptive")
 MODES = {
     "short": {
         "requests": 120,

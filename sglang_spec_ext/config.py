@@ -372,10 +372,16 @@ def _adaptive_fields() -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(AdaptiveConfig)}
 
 
+#: Controller options whose default is None and whose value is a tuple of integers.
+_OPTIONAL_TUPLES = frozenset({"verify_widths"})
+
+
 def _parse_adaptive(name: str, default: Any, raw: Any, source: str) -> Any:
     def bad(expected: str) -> ConfigError:
         return ConfigError(f"{source}={raw!r} is invalid: expected {expected}")
 
+    if name in _OPTIONAL_TUPLES:  # default None, a tuple when given
+        default = ()
     if not isinstance(raw, str):  # from JSON: typed already, AdaptiveConfig checks it
         return tuple(raw) if isinstance(default, tuple) and isinstance(raw, list) else raw
     text = raw.strip()

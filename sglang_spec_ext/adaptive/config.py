@@ -51,6 +51,9 @@ class AdaptiveConfig:
     # "tree": k draft nodes of a best-first tree (model-free drafts); "chain": k draft
     # steps of a topk-1 model draft (acceptance per depth, adaptive/chain.py)
     draft_shape: str = "tree"
+    # tokens verified per request at each k (index k; default k + 1): a tree draft of k
+    # draft steps verifies more than k + 1 (topk > 1 model drafts)
+    verify_widths: tuple[int, ...] | None = None
     # acceptance estimator
     prior_accept: float = 0.6  # Beta prior mean of the per-depth conditional acceptance
     prior_strength: float = 2.0  # Beta prior pseudo-observations
@@ -107,6 +110,17 @@ class AdaptiveConfig:
         _check_int_tuple("tiers", self.tiers, 1, 1 << 20)
         if self.draft_shape not in ("tree", "chain"):
             _fail("draft_shape", self.draft_shape, "'tree' or 'chain'")
+        if self.verify_widths is not None:
+            _check_int_tuple("verify_widths", self.verify_widths, 1, 1 << 16)
+            w = self.verify_widths
+            ok = len(w) > max(self.ks) and w[0] == 1
+            ok = ok and all(w[i] >= i + 1 and w[i] >= w[i - 1] for i in range(1, len(w)))
+            if not ok:
+                _fail(
+                    "verify_widths",
+                    w,
+                    f"1 at k=0, then non-decreasing with w[k] >= k + 1, for k up to {max(self.ks)}",
+                )
         _check_num("prior_accept", self.prior_accept, 0.0, 1.0)
         _check_num("prior_strength", self.prior_strength, 0.0, 1e6, lo_open=True)
         _check_num("decay", self.decay, 0.0, 1.0, lo_open=True)

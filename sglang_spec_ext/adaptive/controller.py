@@ -58,6 +58,7 @@ class AdaptiveController:
             decay=cfg.cost_decay,
             refit_every=cfg.cost_refit_every,
             prior_weight=cfg.cost_prior_weight,
+            verify_widths=cfg.verify_widths,
         )
         self.policy = TierPolicy(
             cfg.ks,

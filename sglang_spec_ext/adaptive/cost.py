@@ -186,15 +186,22 @@ N_COMMON = 5
 
 
 def features(
-    bs: np.ndarray, k: np.ndarray, zero_step_draft: float = 0.0
+    bs: np.ndarray,
+    k: np.ndarray,
+    zero_step_draft: float = 0.0,
+    verify_widths: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-sample terms multiplying each coefficient: one ``(m, 9)`` matrix for the
     memory branch and one for the compute branch; ``t = max`` of their products with
-    the coefficient vector."""
+    the coefficient vector. ``verify_widths[k]``: tokens verified per request at ``k``
+    (default ``k + 1``; tree drafts of ``k`` draft steps verify more)."""
     bs = np.asarray(bs, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
     spec = (k > 0).astype(np.float64)
-    n = bs * (k + 1.0)
+    if verify_widths is None:
+        n = bs * (k + 1.0)
+    else:
+        n = bs * np.asarray(verify_widths, dtype=np.float64)[k.astype(np.int64)]
     drafts = np.where(k > 0, k, zero_step_draft)  # draft-model forwards per step
     zero = np.zeros_like(bs)
     one = np.ones_like(bs)
@@ -209,10 +216,11 @@ def analytic_step_time(
     bs: np.ndarray | int,
     k: np.ndarray | int,
     zero_step_draft: float = 0.0,
+    verify_widths: np.ndarray | None = None,
 ) -> np.ndarray:
     """``t(bs, k)`` of the roofline formula for the given coefficient vector."""
     bs_arr, k_arr = np.broadcast_arrays(np.atleast_1d(bs), np.atleast_1d(k))
-    f_mem, f_comp = features(bs_arr, k_arr, zero_step_draft)
+    f_mem, f_comp = features(bs_arr, k_arr, zero_step_draft, verify_widths)
     return np.maximum(f_mem @ coeffs, f_comp @ coeffs)
 
 
@@ -235,10 +243,12 @@ class StepCostModel:
         prior_weight: float = 1.0,
         huber: float = 2.5,
         cell_strength: float = 16.0,
+        verify_widths: tuple[int, ...] | None = None,
     ) -> None:
         self.prior = prior or StepCostParams()
         self.prior_coeffs = self.prior.coefficients()
         self.zero_step_draft = self.prior.zero_step_draft
+        self.verify_widths = None if verify_widths is None else np.asarray(verify_widths)
         self.multipliers = np.ones(len(COEFF_NAMES))
         self.calibrate = calibrate
         self.decay = decay
@@ -265,7 +275,9 @@ class StepCostModel:
 
     def predict_fit(self, bs: int | np.ndarray, k: int | np.ndarray) -> np.ndarray:
         """Fitted roofline only (no per-cell correction)."""
-        return analytic_step_time(self.coefficients, bs, k, self.zero_step_draft)
+        return analytic_step_time(
+            self.coefficients, bs, k, self.zero_step_draft, self.verify_widths
+        )
 
     def predict(self, bs: int, ks: np.ndarray | list[int] | int) -> np.ndarray:
         """Predicted seconds per step at batch size ``bs`` for each ``k`` in ``ks``."""
@@ -306,7 +318,7 @@ class StepCostModel:
         lim = self.huber * self._scale
         robust = np.minimum(1.0, lim / np.maximum(np.abs(dev), 1e-12))
         w = recency * robust
-        f_mem, f_comp = features(bs, k, self.zero_step_draft)
+        f_mem, f_comp = features(bs, k, self.zero_step_draft, self.verify_widths)
         f_mem, f_comp = f_mem * self.prior_coeffs, f_comp * self.prior_coeffs
         x = self.multipliers.copy()
         for _ in range(iterations):
@@ -344,9 +356,11 @@ class StepCostModel:
             return np.inf
         bs_c = (uniq // 4096).astype(np.float64)[ok]
         k_c = (uniq % 4096).astype(np.float64)[ok]
-        f_mem = features(bs_c, k_c, self.zero_step_draft)[0] * self.prior_coeffs
+        f_mem = features(bs_c, k_c, self.zero_step_draft, self.verify_widths)[0]
+        f_mem = f_mem * self.prior_coeffs
         common = f_mem[:, :N_COMMON] @ x[:N_COMMON]
-        tokens = bs_c * (k_c + 1.0) * self.prior_coeffs[-1]
+        tokens = features(bs_c, k_c, self.zero_step_draft, self.verify_widths)[1][:, -1]
+        tokens = tokens * self.prior_coeffs[-1]
         u = (np.exp(cell_med[ok] + lim) - common) / tokens
         return float(max(u.min(), 0.02))
 

@@ -1,7 +1,8 @@
 """The goodput controller for model drafts: EAGLE, EAGLE3, STANDALONE and HYBRID.
 
 ``SGLANG_SPEC_EXT_ADAPTIVE=1`` with ``--speculative-algorithm EAGLE | EAGLE3 |
-STANDALONE | HYBRID`` (topk 1). The host already keeps one runtime state per draft
+STANDALONE | HYBRID``, chains (topk 1) and trees (topk > 1: each step count verifies
+the candidates it can produce, :func:`tree_verify_widths`). The host already keeps one runtime state per draft
 step count for its own adaptive EAGLE (``adaptive_runtime_state.AdaptiveController``:
 draft and verify attention backends and CUDA graphs per step count, swapped before a
 decode step); its decision policy is a protocol (``AdaptiveSpecPolicy``). We plug our
@@ -142,8 +143,38 @@ class GoodputStepPolicy:
             self._used.clear()
 
 
-def controller_config(kind: str, max_steps: int) -> AdaptiveConfig:
-    """The controller config for a model draft of ``kind`` with at most ``max_steps``."""
+def tree_verify_widths(max_steps: int, topk: int, max_width: int) -> tuple[int, ...]:
+    """Verify width (root included) per step count of a topk tree draft: all the
+    candidates ``s`` steps can produce (``topk`` at depth 1, ``topk^2`` per deeper
+    step), at most the startup ``--speculative-num-draft-tokens``; the startup step
+    count keeps the startup width."""
+    widths = [1]
+    for s in range(1, max_steps + 1):
+        widths.append(min(max_width, 1 + topk + (s - 1) * topk * topk))
+    widths[max_steps] = max_width
+    for s in range(1, max_steps + 1):  # the controller wants w(s) >= s + 1, non-decreasing
+        widths[s] = max(widths[s], widths[s - 1], s + 1)
+    return tuple(widths)
+
+
+def _build_trees_at(worker: Any, widths: tuple[int, ...]) -> None:
+    """The host builds each step count's runtime state with ``steps + 1`` verify tokens
+    (its adaptive path is for chains); tree drafts need ``widths[steps]``."""
+    build = worker.build_adaptive_runtime_state
+
+    def build_tree_state(
+        speculative_num_steps: int, speculative_num_draft_tokens: int, cuda_graph_bs: Any = None
+    ) -> Any:
+        return build(speculative_num_steps, widths[speculative_num_steps], cuda_graph_bs)
+
+    worker.build_adaptive_runtime_state = build_tree_state
+
+
+def controller_config(
+    kind: str, max_steps: int, verify_widths: tuple[int, ...] | None = None
+) -> AdaptiveConfig:
+    """The controller config for a model draft of ``kind`` with at most ``max_steps``
+    (``verify_widths``: tree drafts, the verify width per step count)."""
     from sglang_spec_ext.config import adaptive_config
     from sglang_spec_ext.sglang.server_args import plugin_config
 
@@ -155,6 +186,8 @@ def controller_config(kind: str, max_steps: int) -> AdaptiveConfig:
         overrides["candidate_ks"] = tuple(range(0, max_steps + 1))
     if "cost_preset" not in options:
         overrides["cost_preset"] = KIND_PRESETS.get(kind, KIND_PRESETS["standalone"])
+    if verify_widths is not None:
+        overrides["verify_widths"] = verify_widths
     if "cost_zero_step_draft" not in options:
         skip = os.environ.get(SKIP_ZERO_STEP_ENV, "").lower() in ("1", "true", "yes")
         overrides["cost_zero_step_draft"] = 0.0 if skip else 1.0
@@ -190,17 +223,21 @@ def attach(worker: Any) -> GoodputStepPolicy | None:
             "controller (drop --speculative-adaptive for ours, or unset "
             "SGLANG_SPEC_EXT_ADAPTIVE for the host's EMA policy)"
         )
-    if int(getattr(worker, "topk", 1)) != 1:
-        raise AdaptiveStepsError(
-            f"SGLANG_SPEC_EXT_ADAPTIVE=1 with --speculative-eagle-topk {worker.topk}: the "
-            "adaptive step controller drives chain drafts (topk 1) only; use "
-            "--speculative-eagle-topk 1 or unset SGLANG_SPEC_EXT_ADAPTIVE"
-        )
     max_steps = int(worker.speculative_num_steps)
     if max_steps < 1:
         raise AdaptiveStepsError(
             f"--speculative-num-steps {max_steps}: the adaptive controller needs at least 1"
         )
+    topk = int(getattr(worker, "topk", 1))
+    widths = None
+    if topk > 1:
+        if config.adaptive_policy == "host-ema":
+            raise AdaptiveStepsError(
+                f"SGLANG_SPEC_EXT_ADAPTIVE_POLICY=host-ema with --speculative-eagle-topk {topk}: "
+                "the host's EMA policy drives chains (topk 1) only; use the goodput policy"
+            )
+        widths = tree_verify_widths(max_steps, topk, int(worker.speculative_num_draft_tokens))
+        _build_trees_at(worker, widths)
     from sglang.srt.speculative.adaptive_runtime_state import (
         AdaptiveController as HostAdaptiveController,
     )
@@ -218,7 +255,7 @@ def attach(worker: Any) -> GoodputStepPolicy | None:
         )
         return ema
     policy = GoodputStepPolicy(
-        AdaptiveController(controller_config(kind, max_steps)),
+        AdaptiveController(controller_config(kind, max_steps, widths)),
         log_interval_s=config.stats_log_interval_s,
     )
     worker.adaptive_controller = HostAdaptiveController(worker, policy)

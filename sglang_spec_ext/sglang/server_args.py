@@ -82,8 +82,7 @@ def _flag_problems(algo: str, args: Any) -> list[str]:
         problems.append(
             "--speculative-adaptive: the host's adaptive steps only drive EAGLE chains; "
             + (
-                "for HYBRID drop the flag and set SGLANG_SPEC_EXT_ADAPTIVE=1 (with "
-                "--speculative-eagle-topk 1)"
+                "for HYBRID drop the flag and set SGLANG_SPEC_EXT_ADAPTIVE=1"
                 if algo == HYBRID
                 else f"for {algo} drop the flag and set SGLANG_SPEC_EXT_ADAPTIVE=1"
             )
@@ -147,13 +146,6 @@ def _hybrid_problems(args: Any) -> list[str]:
         problems.append(
             "--speculative-use-rejection-sampling: suffix drafts carry no proposal "
             "distribution; drop the flag (sampled requests are verified exactly without it)"
-        )
-    topk_flag = _get(args, "speculative_eagle_topk")
-    if plugin_config().adaptive and topk_flag is not None and int(topk_flag) > 1:
-        problems.append(
-            f"SGLANG_SPEC_EXT_ADAPTIVE=1 with --speculative-eagle-topk {topk_flag}: adaptive "
-            "draft steps drive chain drafts (topk 1) only; use --speculative-eagle-topk 1 or "
-            "unset SGLANG_SPEC_EXT_ADAPTIVE"
         )
     if _get(args, "enable_multi_layer_eagle"):
         problems.append("--enable-multi-layer-eagle: not supported with HYBRID; drop the flag")

@@ -67,7 +67,7 @@ def _check(base, spec, tok, name):
     print(f"\n{name}: draft steps chosen per batch-size tier: {used}")
     assert 1 in used, "no decisions logged at batch size 1"
     assert len(set().union(*used.values())) >= 2, "the controller never changed the step count"
-    assert set().union(*used.values()) <= {0, 1, 2, 3}  # 0..--speculative-num-steps
+    assert set().union(*used.values()) <= {0, 1, 2, 3}  # 0..--speculative-num-steps (<= 3)
 
 
 def test_standalone_adaptive_steps_parity(tiny_baseline_server, standalone_adaptive, tok):
@@ -78,14 +78,17 @@ def test_hybrid_adaptive_steps_parity(tiny_baseline_server, hybrid_adaptive, tok
     _check(tiny_baseline_server, hybrid_adaptive, tok, "HYBRID adaptive")
 
 
-def test_adaptive_with_tree_drafts_is_refused_at_start_up(
-    tiny_model_dir, weak_draft_dir, start_server
+@pytest.mark.parametrize("algo", ["STANDALONE", "HYBRID"])
+def test_tree_adaptive_steps_parity(
+    algo, tiny_model_dir, weak_draft_dir, tiny_baseline_server, start_server, tok
 ):
-    from tests.harness.server import ServerStartError
-
-    with pytest.raises(ServerStartError) as err:
-        start_server(
-            tiny_model_dir, "--speculative-algorithm", "HYBRID",
-            "--speculative-draft-model-path", str(weak_draft_dir), *TOPK2, env=ADAPTIVE_ENV,
-        )  # fmt: skip
-    assert "--speculative-eagle-topk 2" in str(err.value)
+    """topk 2: every step count (0..2) verifies its own tree width (1, 3, 4); HYBRID
+    splices suffix trees into whichever width the step runs at."""
+    server = start_server(
+        tiny_model_dir, "--speculative-algorithm", algo,
+        "--speculative-draft-model-path", str(weak_draft_dir), *TOPK2, env=ADAPTIVE_ENV,
+    )  # fmt: skip
+    _check(tiny_baseline_server, server, tok, f"{algo} topk 2 adaptive")
+    log = server.log_path.read_text(errors="replace")
+    assert "step counts [0, 1, 2]" in log
+    assert "draft_tokens 1 -> 3" in log or "draft_tokens 3 -> 1" in log  # the host's switch

@@ -140,16 +140,34 @@ def test_the_chosen_steps_are_logged_per_batch_size_tier(caplog):
     assert set(counts) == {1, 4, 64} and sum(counts[1].values()) == 3
 
 
-def test_attach_refuses_two_controllers_and_tree_drafts(monkeypatch):
+def test_attach_refuses_two_controllers(monkeypatch):
     monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
     worker = StandInWorker()
     worker.adaptive_controller = object()  # the host's --speculative-adaptive built one
     with pytest.raises(mda.AdaptiveStepsError, match="--speculative-adaptive are both set"):
         mda.attach(worker)
-    with pytest.raises(mda.AdaptiveStepsError, match="--speculative-eagle-topk 2"):
-        mda.attach(StandInWorker(topk=2))
     monkeypatch.delenv("SGLANG_SPEC_EXT_ADAPTIVE")
     assert mda.attach(StandInWorker()) is None  # switched off: the worker is left alone
+
+
+def test_tree_drafts_build_each_step_count_at_its_own_verify_width(monkeypatch):
+    assert mda.tree_verify_widths(3, 2, 8) == (1, 3, 7, 8)  # 2 at depth 1, 4 per step more
+    assert mda.tree_verify_widths(4, 4, 10) == (1, 5, 10, 10, 10)
+    assert mda.tree_verify_widths(3, 2, 3) == (1, 3, 3, 4)  # never below steps + 1
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
+    worker = StandInWorker(steps=3, topk=2)
+    worker.speculative_num_draft_tokens = 8
+    policy = mda.attach(worker)
+    assert policy.controller.config.verify_widths == (1, 3, 7, 8)
+    worker.adaptive_controller.register(_state(3))
+    worker.adaptive_controller.init_states(cuda_graph_bs=None)
+    assert sorted(worker.built) == [(0, 1), (1, 3), (2, 7)]  # not the host's steps + 1
+    # the cost model charges the tree's verify width: 7 tokens per request at 2 steps
+    cost = policy.controller.cost
+    assert cost.predict(64, [2])[0] > cost.predict(64, [1])[0]
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE_POLICY", "host-ema")
+    with pytest.raises(mda.AdaptiveStepsError, match="topk 1"):
+        mda.attach(StandInWorker(steps=3, topk=2))
 
 
 def test_attach_gives_the_host_controller_our_policy_or_the_host_ema(monkeypatch):
