@@ -192,9 +192,7 @@ def controller_config(
     ks = [int(k) for k in table.ks[1:] if k <= 32]
     default = AdaptiveConfig().candidate_ks
     cands = [k for k in ks if k in default]
-    cands = (0, *(cands if len(cands) >= 3 or shape != "suffix" else ks))
-    if shape != "suffix":
-        cands = (0, *ks)
+    cands = (0, *(cands if len(cands) >= 3 else ks)) if shape == "suffix" else (0, *ks)
     prior = dict(CONTROLLER_PRIOR)
     if shape != "suffix":
         truth = truth_params(shape, zero_step)

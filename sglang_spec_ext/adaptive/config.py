@@ -74,9 +74,8 @@ class AdaptiveConfig:
     probe_interval: int = 16  # decisions between probes of a neighbour (0 = never)
     probe_interval_thin: int = 8  # decisions between probes of a thin neighbour
     probe_max_loss: float = 0.15  # skip probes predicted to lose more (when well known)
-    probe_backoff: int = (
-        0  # double the probe intervals every this many probes without a switch (0 = never)
-    )
+    # double the probe intervals every this many probes without a switch (0 = never)
+    probe_backoff: int = 0
     probe_min_evidence: float = 32.0  # acceptance observations under which a k is "thin"
     probe_min_timed: float = 8.0  # measured step times (per tier) under which a k is "thin"
     # step-cost model

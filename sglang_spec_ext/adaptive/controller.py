@@ -91,8 +91,7 @@ class AdaptiveController:
         self._last: dict[str, object] = {}
 
     def _per_request(self, req_ids: Sequence[Hashable] | None) -> bool:
-        per_request = self.config.per_request and self.chain is None
-        return req_ids is not None and per_request and len(req_ids) > 0
+        return req_ids is not None and self.config.per_request and len(req_ids) > 0
 
     def expected_accept(
         self, batch_size: int, req_ids: Sequence[Hashable] | None = None
@@ -178,9 +177,9 @@ class AdaptiveController:
             raise ValueError(f"k={k!r}: expected an integer >= 0")
         self.steps += 1
         acc = np.asarray(accepted_per_req, dtype=np.int64)
-        if self.chain is not None:
+        if self.chain is not None:  # the tree estimators below are not read for chains
             self.chain.observe(int(k), acc)
-        if k > 0 and acc.size:
+        elif k > 0 and acc.size:
             if self._per_request(req_ids):
                 assert req_ids is not None
                 if len(req_ids) != len(acc):
@@ -194,7 +193,7 @@ class AdaptiveController:
             self.server_level.observe(int(k), [_SERVER], [float(acc.mean())])
             self.paired.observe(int(k), batch_size, float(acc.mean()))
             self.acceptance.observe(int(k), acc, accepted_within, levels)
-        else:
+        elif self.chain is None:
             self.acceptance.observe(0, acc)  # time passes: decay only
             self.paired.observe(0, batch_size, 0.0)
         if step_time_s is not None:
@@ -216,36 +215,35 @@ class AdaptiveController:
 
     def snapshot(self) -> dict[str, object]:
         """A JSON-serialisable view for logs and metrics."""
+        common = {"steps": self.steps, "tiers": self.policy.snapshot()}
+        tail = {"cost": self.cost.snapshot(), "last_decision": self._last}
+        if self.chain is not None:
+            depths = range(1, self.chain.max_depth + 1)
+            return {
+                **common,
+                "expected_accept_length": _by_k(
+                    self.ks, self.chain.expected_accept_lengths(self.ks)
+                ),
+                "depth_acceptance": _by_k(depths, self.chain.conditionals(), 4),
+                "depth_trials": _by_k(depths, self.chain.trials, 1),
+                **tail,
+            }
         return {
-            "steps": self.steps,
-            "tiers": self.policy.snapshot(),
-            "expected_accept_length": dict(
-                zip(
-                    self.ks.tolist(),
-                    (
-                        self.acceptance.expected_accept_lengths(self.ks)
-                        if self.chain is None
-                        else self.chain.expected_accept_lengths(self.ks)
-                    )
-                    .round(3)
-                    .tolist(),
-                    strict=True,
-                )
+            **common,
+            "expected_accept_length": _by_k(
+                self.ks, self.acceptance.expected_accept_lengths(self.ks)
             ),
             "tail_ratio": round(self.acceptance.tail_ratio(), 4),
-            "acceptance_evidence": dict(
-                zip(
-                    self.acceptance.buckets.tolist(),
-                    self.acceptance.evidence().round(1).tolist(),
-                    strict=True,
-                )
-            ),
+            "acceptance_evidence": _by_k(self.acceptance.buckets, self.acceptance.evidence(), 1),
             "tracked_requests": len(self.requests),
             "server_level": round(float(self.server_level.levels([_SERVER])[0]), 4),
             "paired_differences": self.paired.snapshot(),
-            "cost": self.cost.snapshot(),
-            "last_decision": self._last,
+            **tail,
         }
+
+
+def _by_k(keys: Sequence[int] | np.ndarray, values: np.ndarray, digits: int = 3) -> dict:
+    return dict(zip(np.asarray(keys).tolist(), np.round(values, digits).tolist(), strict=True))
 
 
 _SERVER = "__server__"

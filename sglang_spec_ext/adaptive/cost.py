@@ -356,11 +356,9 @@ class StepCostModel:
             return np.inf
         bs_c = (uniq // 4096).astype(np.float64)[ok]
         k_c = (uniq % 4096).astype(np.float64)[ok]
-        f_mem = features(bs_c, k_c, self.zero_step_draft, self.verify_widths)[0]
-        f_mem = f_mem * self.prior_coeffs
-        common = f_mem[:, :N_COMMON] @ x[:N_COMMON]
-        tokens = features(bs_c, k_c, self.zero_step_draft, self.verify_widths)[1][:, -1]
-        tokens = tokens * self.prior_coeffs[-1]
+        f_mem, f_comp = features(bs_c, k_c, self.zero_step_draft, self.verify_widths)
+        common = (f_mem[:, :N_COMMON] * self.prior_coeffs[:N_COMMON]) @ x[:N_COMMON]
+        tokens = f_comp[:, -1] * self.prior_coeffs[-1]  # verified tokens x flop coefficient
         u = (np.exp(cell_med[ok] + lim) - common) / tokens
         return float(max(u.min(), 0.02))
 

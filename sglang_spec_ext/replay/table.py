@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_spec_ext.replay.protocol import Drafter, greedy_accept
+from sglang_spec_ext.replay.protocol import Draft, Drafter, greedy_accept
 from sglang_spec_ext.replay.trace import TraceRecord
 
 
@@ -87,10 +87,7 @@ def model_draft_table(records: Iterable[TraceRecord], draft: str) -> list[Accept
         out = rec.output_ids
         table = []
         for p, chain in enumerate(drafts.tokens):
-            cont = out[p:]
-            full = 0
-            while full < min(len(chain), len(cont)) and chain[full] == cont[full]:
-                full += 1
+            full = greedy_accept(Draft.chain(chain), out[p:])
             table.append(tuple(min(full, k) for k in ks))
         rows.append(AcceptanceRow(set=rec.set, ks=ks, accepted=tuple(table)))
     return rows

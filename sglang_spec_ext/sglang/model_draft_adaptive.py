@@ -33,6 +33,7 @@ setting and calibrates the rest on the running server.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -78,7 +79,8 @@ class GoodputStepPolicy:
         self.controller = controller
         self._clock = clock
         self._cuda_graph_bs: list[int] | None = None
-        self._pending: deque[tuple[int, int]] = deque()  # (bs, steps) awaiting a report
+        # (bs, steps) awaiting a report; overlap keeps one in flight, the bound drops stale ones
+        self._pending: deque[tuple[int, int]] = deque(maxlen=MAX_PENDING)
         self._last: tuple[int, int, float] | None = None  # (bs, steps, start) of the last step
         self._log_interval_s = log_interval_s
         self._logged_at = clock()
@@ -110,8 +112,6 @@ class GoodputStepPolicy:
         steps = int(self.controller.choose_k(bs))
         self._last = (bs, steps, now)
         self._pending.append((bs, steps))
-        while len(self._pending) > MAX_PENDING:
-            self._pending.popleft()
         self._count(bs, steps, now)
         return steps
 
@@ -191,8 +191,6 @@ def controller_config(
     if "cost_zero_step_draft" not in options:
         skip = os.environ.get(SKIP_ZERO_STEP_ENV, "").lower() in ("1", "true", "yes")
         overrides["cost_zero_step_draft"] = 0.0 if skip else 1.0
-    import dataclasses
-
     return dataclasses.replace(cfg, **overrides)
 
 

@@ -81,11 +81,7 @@ def _flag_problems(algo: str, args: Any) -> list[str]:
     if _get(args, "speculative_adaptive"):
         problems.append(
             "--speculative-adaptive: the host's adaptive steps only drive EAGLE chains; "
-            + (
-                "for HYBRID drop the flag and set SGLANG_SPEC_EXT_ADAPTIVE=1"
-                if algo == HYBRID
-                else f"for {algo} drop the flag and set SGLANG_SPEC_EXT_ADAPTIVE=1"
-            )
+            f"for {algo} drop the flag and set SGLANG_SPEC_EXT_ADAPTIVE=1"
         )
     if algo == HYBRID:
         problems += _hybrid_problems(args)
