@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import shlex
 import signal
 import socket
@@ -96,8 +97,25 @@ def launch_settings(args: argparse.Namespace) -> LaunchSettings:
     return LaunchSettings(env, pythonpath, args.server_args, args.serve_cpu, args.server_timeout)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+#: Where launched servers' HTTP ports are drawn from: below the kernel's ephemeral range
+#: (32768+ by default) and below SGLang's own range for ports its children bind later
+#: (22000-29999, ``get_free_port_below_ephemeral``). A port from ``bind(0)`` is
+#: ephemeral: while the server starts (its HTTP socket binds last), one of its own
+#: processes can be handed the same port for an outgoing or random-port socket, and
+#: the server then dies with "address already in use" (seen in the soak harness).
+SERVER_PORTS = (10000, 21999)
+
+
+def free_port(attempts: int = 64) -> int:
+    """A free loopback TCP port for a server that binds it later (see ``SERVER_PORTS``)."""
+    for port in random.sample(range(SERVER_PORTS[0], SERVER_PORTS[1] + 1), attempts):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # all taken: any free one
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,17 +19,12 @@ from typing import Any
 
 import requests
 
+from sglang_spec_ext.bench.servers import free_port
 from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env, placeholder_site_dir
 
 #: Where the placeholder ``sitecustomize`` lives (the product's CPU-serving site dir).
 SHIM_DIR = placeholder_site_dir()
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:

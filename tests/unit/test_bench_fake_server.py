@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 
@@ -19,11 +18,7 @@ import aiohttp
 import requests
 from aiohttp import web
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from sglang_spec_ext.bench.servers import free_port
 
 
 def fake_output(input_ids: list[int], n: int) -> list[int]:
@@ -46,7 +41,7 @@ class FakeServer:
         self.chunk, self.delay_s, self.alter_at = chunk, delay_s, alter_at
         self.hold_after = hold_after
         self.upstream, self.accept = upstream, accept
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.requests: list[dict] = []
         self._loop = asyncio.new_event_loop()

@@ -140,3 +140,18 @@ def test_tune_live_grid_writes_config(fake_host, tmp_path: Path, capsys) -> None
     assert loaded.spec_factor in (1.0, 2.0) and loaded.sources["spec_factor"] == "file"
     doc = json.loads((tmp_path / "tune.json").read_text())
     assert doc["best_per_batch"][0]["speedup"] is not None
+
+
+def test_free_port_is_below_the_ephemeral_and_the_hosts_child_port_ranges():
+    """Launched servers bind their HTTP port last; an ephemeral port (bind(0)) can be
+    handed to one of the server's own sockets meanwhile ("address already in use")."""
+    import socket
+
+    from sglang_spec_ext.bench.servers import SERVER_PORTS, free_port
+
+    lo, hi = SERVER_PORTS
+    assert hi < 22000  # SGLang picks ports for its children in 22000-29999
+    ports = {free_port() for _ in range(20)}
+    assert all(lo <= p <= hi for p in ports) and len(ports) > 1
+    with socket.socket() as s:  # and it is free
+        s.bind(("127.0.0.1", ports.pop()))
