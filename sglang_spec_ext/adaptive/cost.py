@@ -242,7 +242,7 @@ class StepCostModel:
         refit_every: int = 16,
         prior_weight: float = 1.0,
         huber: float = 2.5,
-        cell_strength: float = 16.0,
+        cell_strength: float = 4.0,
         verify_widths: tuple[int, ...] | None = None,
     ) -> None:
         self.prior = prior or StepCostParams()
@@ -333,9 +333,13 @@ class StepCostModel:
         self.multipliers = x
         pred = np.maximum(f_mem @ x, f_comp @ x)
         res = log_t - dev + np.clip(dev, -lim, lim) - np.log(pred)  # outliers clipped
+        # per-cell correction: the recency-weighted mean residual, shrunk by the cell's
+        # sample count (not its recency weight: a rarely visited width, probed now and
+        # then, would otherwise never get past the shrinkage)
         wsum = np.bincount(inv, weights=recency, minlength=len(uniq))
         rsum = np.bincount(inv, weights=recency * res, minlength=len(uniq))
-        corr = rsum / (wsum + self.cell_strength)
+        counts = np.bincount(inv, minlength=len(uniq))
+        corr = rsum / np.maximum(wsum, 1e-12) * counts / (counts + self.cell_strength)
         self._cells = {
             (int(key // 4096), int(key % 4096)): float(c)
             for key, c in zip(uniq.tolist(), corr.tolist(), strict=True)

@@ -127,3 +127,28 @@ def test_model_draft_terms_charge_draft_forwards_and_calibrate() -> None:
     ks = np.tile([0, 1, 3, 5, 7], 4)
     rel = model.predict_fit(bs, ks) / step_time(eagle, bs, ks)
     assert np.all(np.abs(rel - 1) < 0.05), rel
+
+
+def test_rarely_probed_zero_step_cell_is_corrected_by_its_own_samples() -> None:
+    """One tier, k = 1 nearly always and k = 0 probed every 128 steps (a settled chain
+    tier in skip mode): the fit leans on k = 1, and the few k = 0 samples must still
+    move k = 0's prediction most of the way to its measured time. A correction shrunk
+    by the samples' recency weight instead of their count (the old rule) kept 70% of
+    the fit's error here and left a chain tier at k = 1 where k = 0 was 1% faster."""
+    truth = PRESETS["llama3-8b-h100-standalone-1b"].with_overrides(zero_step_draft=0.0)
+    prior = truth.with_overrides(  # wrong as the replay benchmark's controller prior
+        mem_bw=2.0e12, flops=4.0e14, fixed_s=2e-3, context_len=1024, spec_fixed_s=0.1e-3,
+        draft_s_per_req=5e-6, draft_weight_bytes=truth.draft_weight_bytes * 1.6,
+        draft_kv_bytes_per_token=truth.draft_kv_bytes_per_token * 0.5,
+        draft_fixed_s=truth.draft_fixed_s * 2.0,
+    )  # fmt: skip
+    rng = np.random.default_rng(2)
+    model = StepCostModel(prior)
+    for i in range(4000):
+        k = 0 if i % 128 == 0 else 1
+        model.observe(256, k, step_time(truth, 256, k)[0] * np.exp(rng.normal(0, 0.05)))
+    true0 = step_time(truth, 256, 0)[0]
+    fit_err = abs(model.predict_fit(256, 0)[0] / true0 - 1)
+    err = abs(model.predict(256, [0])[0] / true0 - 1)
+    assert fit_err > 0.03, fit_err  # the case needs the per-cell correction
+    assert err < 0.4 * fit_err, (err, fit_err)
