@@ -48,6 +48,8 @@ SOURCES = {
     "code-gen": [package_version(HUMANEVAL)],
     "code-edit": [package_version(HUMANEVAL)],
     "agentic": [package_version(HUMANEVAL)],
+    "prose": [package_version(MTBENCH), package_version(SHAREGPT), package_version(HUMANEVAL)],
+    "agent-long": [package_version(HUMANEVAL)],
 }
 
 

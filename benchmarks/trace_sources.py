@@ -18,7 +18,7 @@ import json
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,8 +111,17 @@ def iter_json_array(stream: io.BufferedIOBase, chunk: int = 1 << 20) -> Iterator
         pos = end
 
 
-def sharegpt_first_turns(cache_dir: Path, cap: int, max_chars: int = 1500) -> list[tuple[str, str]]:
-    """(id, first human turn) of the first ``cap`` suitable conversations in file order."""
+def sharegpt_first_turns(
+    cache_dir: Path,
+    cap: int,
+    max_chars: int = 1500,
+    accept: Callable[[str], bool] | None = None,
+    skip: int = 0,
+) -> list[tuple[str, str]]:
+    """(id, first human turn) of the first ``cap`` suitable conversations in file order.
+
+    ``accept`` filters further; the first ``skip`` accepted turns are passed over.
+    """
     out: list[tuple[str, str]] = []
     with _open_member(SHAREGPT, cache_dir) as fh:
         for rec in iter_json_array(fh):
@@ -124,6 +133,11 @@ def sharegpt_first_turns(cache_dir: Path, cap: int, max_chars: int = 1500) -> li
                 continue
             if sum(c.isascii() for c in text) < 0.95 * len(text):
                 continue  # keep the set English-like for a 135M English model
+            if accept is not None and not accept(text):
+                continue
+            if skip > 0:
+                skip -= 1
+                continue
             out.append((str(rec.get("id")), text))
             if len(out) >= cap:
                 break
@@ -214,15 +228,119 @@ def agentic_set(cache_dir: Path, n: int) -> list[Request]:
     return out
 
 
+PROSE_CATEGORIES = ("humanities", "roleplay", "stem", "writing")
+PROSE_WORDS = ("write", "explain", "describe", "essay", "article", "story", "blog", "summar")
+CODE_MARKS = (
+    "```",
+    "{",
+    "}",
+    ";",
+    "def ",
+    "function",
+    "code",
+    "import ",
+    "sql",
+    "<",
+    "script",
+    "c++",
+    "python",
+    "program",
+    "java",
+)
+DOC_PROSE = (
+    "Write the documentation page for the function below in plain English prose: "
+    "what it does, what its arguments mean, what it returns and which edge cases a "
+    "caller should know about. Do not include any code, lists or headings."
+)
+
+
+def _is_prose_request(text: str) -> bool:
+    low = text.lower()
+    return any(w in low for w in PROSE_WORDS) and not any(m in low for m in CODE_MARKS)
+
+
+def prose_set(cache_dir: Path, n: int) -> list[Request]:
+    """Low-repetition prose: answers that copy little from their prompt or each other.
+
+    A third each: MT-bench writing/humanities/roleplay/stem questions the chat set does
+    not use (index 3 on), ShareGPT requests for prose (write/explain/describe, nothing
+    code-like; none of the chat set's), and documentation pages in prose for HumanEval
+    functions (no code in the answer).
+    """
+    n_mt, n_sg = n // 3, n // 3
+    by_cat: dict[str, list[dict]] = {}
+    for q in mtbench(cache_dir):
+        by_cat.setdefault(q["category"], []).append(q)
+    picked: list[dict] = []
+    for i in range(3, max(len(v) for v in by_cat.values())):
+        for cat in PROSE_CATEGORIES:
+            if i < len(by_cat.get(cat, [])) and len(picked) < n_mt:
+                picked.append(by_cat[cat][i])
+    out = [Request(f"mtbench/{q['question_id']}", "prose", _user(q["turns"][0])) for q in picked]
+    chat_ids = {sid for sid, _ in sharegpt_first_turns(cache_dir, n)}
+    for sid, text in sharegpt_first_turns(cache_dir, n_sg + n, accept=_is_prose_request):
+        if sid not in chat_ids and len(out) < n_mt + n_sg:
+            out.append(Request(f"sharegpt/{sid}", "prose", _user(text)))
+    probs = humaneval(cache_dir)
+    for i in _spread(len(probs), n - len(out), offset=3):
+        p = probs[i]
+        text = f"{DOC_PROSE}\n\n```python\n{p['prompt'].rstrip()}\n```"
+        out.append(Request(f"{p['task_id']}/doc", "prose", _user(text)))
+    return out
+
+
+AGENT_LONG_TURNS = (
+    "Tool result (cat tests/test_solution.py):\n\n```python\n{test}\ncheck({fn})\n```\n\n"
+    "Go through the assertions one by one and say whether your implementation passes "
+    "each. Then show the complete solution.py again.",
+    "Tool result (pytest -q): 1 failed, AssertionError in check(). Find the most likely "
+    "bug, explain it in two sentences, and show the complete fixed solution.py.",
+    "Add input validation to `{fn}` that raises ValueError with a clear message for "
+    "invalid arguments. Show the complete file.",
+    "Tool result (pytest -q): all passed. Add type hints and a Google-style docstring to "
+    "every function. Show the complete file.",
+    "Write tests/test_extra.py with pytest tests for the new validation and two more edge "
+    "cases of `{fn}`.",
+    "Tool result (ruff check solution.py): E501 line too long; F841 local variable is "
+    "assigned to but never used. Fix both and show the complete solution.py.",
+    "Write a commit message for the changes of this session, then repeat the final "
+    "solution.py exactly.",
+)
+
+
+def agent_long_set(cache_dir: Path, n: int) -> list[Request]:
+    """Long agent sessions (8 turns with tool results): the context grows to ~3k tokens."""
+    turns = 1 + len(AGENT_LONG_TURNS)
+    probs = humaneval(cache_dir)
+    out = []
+    for i in _spread(len(probs), max(1, n // turns), offset=5):
+        p = probs[i]
+        first = (
+            "You are a coding agent working in a repository. Task: implement this function "
+            "in solution.py and reply with the full file in a Python code block."
+            f"\n\n```python\n{p['prompt']}```"
+        )
+        fn = p["entry_point"]
+        followups = [t.format(fn=fn, test=p["test"].strip()) for t in AGENT_LONG_TURNS]
+        out.append(Request(f"{p['task_id']}/long", "agent-long", _user(first), followups))
+    return out
+
+
 SET_BUILDERS = {
     "chat": chat_set,
     "code-gen": code_gen_set,
     "code-edit": code_edit_set,
     "agentic": agentic_set,
+    "prose": prose_set,
+    "agent-long": agent_long_set,
 }
 SET_DESCRIPTIONS = {
     "chat": "MT-bench first turns (round-robin over categories) + ShareGPT first human turns",
     "code-gen": "HumanEval: complete the function from its signature and docstring",
     "code-edit": "HumanEval canonical solutions with an edit request (rename, docstring, type hints, ...)",
     "agentic": "multi-turn coding sessions on HumanEval problems; later turns include earlier answers",
+    "prose": "low-repetition prose: MT-bench writing/humanities/roleplay/stem, ShareGPT "
+    "prose requests, documentation pages in prose for HumanEval functions",
+    "agent-long": "8-turn coding-agent sessions on HumanEval with tool results (tests, "
+    "pytest, ruff) in the context; every turn carries the whole session",
 }
