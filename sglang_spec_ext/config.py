@@ -68,14 +68,14 @@ FIELDS: tuple[Field, ...] = (
     Field(
         "spec_factor",
         float,
-        1.0,
+        8.0,
         "draft budget = spec_factor x match length + spec_offset (capped by the verify width)",
         0.0,
         64.0,
     ),
-    # spec_offset and min_token_prob defaults: chosen by `sglang-spec-ext tune` on the
-    # committed traces (README, SUFFIX section, has the command).
-    Field("spec_offset", float, 64.0, "see spec_factor", -64.0, 1024.0),
+    # spec_factor, spec_offset and min_token_prob defaults: chosen by `sglang-spec-ext
+    # tune` on the committed traces (README, SUFFIX section, has the command).
+    Field("spec_offset", float, 4.0, "see spec_factor", -64.0, 1024.0),
     Field(
         "min_token_prob",
         float,
@@ -266,8 +266,8 @@ class PluginConfig:
     """The effective configuration. Build it with :func:`load_config`."""
 
     max_depth: int = 64
-    spec_factor: float = 1.0
-    spec_offset: float = 64.0
+    spec_factor: float = 8.0
+    spec_offset: float = 4.0
     min_token_prob: float = 0.02
     max_cached_requests: int = 10000
     max_cached_tokens: int = 4_000_000

@@ -12,6 +12,7 @@ from sglang_spec_ext.replay import read_trace
 from sglang_spec_ext.tune.search import (
     AnalyticCost,
     LinearCost,
+    best_across_widths,
     best_per_batch,
     ranked,
     search,
@@ -80,6 +81,20 @@ def run_replay(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict], st
             f"  {g:.3f}x  W={w:<3d} accept {e.accept[w]:.3f}  {e.setting.config_dict()}"
             for g, w, e in top
         ]
+    across = best_across_widths(evals, space.widths)
+    if across is not None and len([w for w in space.widths if w > 1]) > 1:
+        score, e = across
+        ws = [w for w in space.widths if w > 1]
+        report["across_widths"] = {
+            "setting": e.setting.config_dict(),
+            "relative_to_best_per_width": score,
+            "accept_length": {str(w): e.accept[w] for w in ws},
+        }
+        accepts = " / ".join(f"{e.accept[w]:.3f}" for w in ws)
+        lines.append(
+            f"one setting for all widths {ws} (geometric mean {score:.4f} of the best per "
+            f"width; accept {accepts}): {e.setting.config_dict()}"
+        )
     if args.adaptive and rows:
         report["adaptive"] = _adaptive(args, evals, rows, space.widths, sizes, cost, lines)
     dw = rows[0]["default_width"] if rows else 16

@@ -23,6 +23,7 @@ only the cost depends on ``B``.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -171,6 +172,26 @@ def ranked(
     """(goodput, width, evaluation) for every speculative candidate, best first."""
     cands = [(e.goodput(w, batch_size, cost), w, e) for e in evals for w in widths if w > 1]
     return sorted(cands, key=lambda c: (-c[0], c[1]))
+
+
+def best_across_widths(
+    evals: Sequence[Evaluation], widths: Sequence[int]
+) -> tuple[float, Evaluation] | None:
+    """The one setting for every searched width: highest geometric mean over the
+    widths (> 1) of its accept length relative to the best setting at that width.
+    A server's width is not fixed (the adaptive controller moves it), so its draft
+    settings should hold up at all of them. Ties go to the earlier grid point (the
+    smaller factor, then offset). None when there is nothing to rank."""
+    ws = [w for w in widths if w > 1]
+    if not ws or not evals:
+        return None
+    top = {w: max(e.accept[w] for e in evals) for w in ws}
+    best: tuple[float, Evaluation] | None = None
+    for e in evals:
+        score = math.exp(sum(math.log(e.accept[w] / top[w]) for w in ws) / len(ws))
+        if best is None or score > best[0] + 1e-12:
+            best = (score, e)
+    return best
 
 
 def best_per_batch(

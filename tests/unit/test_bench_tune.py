@@ -20,8 +20,10 @@ from sglang_spec_ext.replay import (
 from sglang_spec_ext.tune.search import (
     AnalyticCost,
     DraftSetting,
+    Evaluation,
     LinearCost,
     SearchSpace,
+    best_across_widths,
     best_per_batch,
     evaluate,
     search,
@@ -125,3 +127,17 @@ def test_plugin_default_setting_matches_config() -> None:
     cfg = load_config({})
     assert d.config_dict() == {k: getattr(cfg, k) for k in d.config_dict()}
     assert isinstance(d.options(), DrafterOptions)
+
+
+def test_one_setting_for_all_widths_is_the_best_geometric_mean() -> None:
+    """A setting best at one width but poor at another loses to one close to the best
+    at every width; exact ties go to the earlier grid point."""
+    a = Evaluation(DraftSetting(spec_factor=1.0), {8: 3.0, 32: 3.0})  # best at 8 only
+    b = Evaluation(DraftSetting(spec_factor=2.0), {8: 2.0, 32: 4.0})  # best at 32 only
+    c = Evaluation(DraftSetting(spec_factor=4.0), {8: 2.9, 32: 3.9})  # close at both
+    d = Evaluation(DraftSetting(spec_factor=8.0), {8: 2.9, 32: 3.9})  # tie with c
+    score, best = best_across_widths([a, b, c, d], [1, 8, 32])
+    assert best is c
+    assert score == pytest.approx(((2.9 / 3.0) * (3.9 / 4.0)) ** 0.5)
+    assert best_across_widths([], [8, 16]) is None
+    assert best_across_widths([a], [1]) is None
