@@ -11,6 +11,8 @@ Writes ``benchmarks/traces/<set>.jsonl`` (one request per line: ``set``, ``id``,
 stopped by itself) and ``benchmarks/traces/manifest.json``. A set whose file and
 manifest entry match the requested parameters is not regenerated (``--force`` to redo);
 an interrupted run resumes from ``.partial-<set>-<max_new_tokens>.jsonl`` (per batch).
+The ``repeat`` set is derived from ``chat.jsonl`` without running the model (every other
+chat request, then the same requests asked again: same prompt, same greedy output).
 
     python benchmarks/make_traces.py                 # all sets, ~10-15 min on 2 cores
     python benchmarks/make_traces.py --sets chat --per-set 8 --max-new-tokens 64
@@ -202,6 +204,45 @@ def run_set(gen: Generator, reqs: list[Request], bar, ckpt: Checkpoint) -> list[
     return lines
 
 
+#: Sets derived from a recorded one without running the model: name -> (source set,
+#: description). "repeat": every other chat request, then the same requests asked
+#: again (a repeated prompt gets the recorded greedy output of its first ask).
+DERIVED = {
+    "repeat": (
+        "chat",
+        "repeated questions: every other chat request (20), then the same 20 asked again; "
+        "outputs are the recorded greedy outputs of the chat set (same prompt, same output)",
+    ),
+}
+
+
+def derive_repeat(source: list[dict]) -> list[dict]:
+    first = [dict(r, set="repeat") for r in source[::2]]
+    return first + [dict(r, id=f"{r['id']}/again") for r in first]
+
+
+def write_derived(name: str, out_dir: Path, manifest_path: Path) -> None:
+    src_name, description = DERIVED[name]
+    src = out_dir / f"{src_name}.jsonl"
+    if not src.exists():
+        raise SystemExit(f"[traces] {name}: needs {src} (run --sets {src_name} first)")
+    lines = derive_repeat([json.loads(x) for x in src.read_text().splitlines() if x.strip()])
+    path = out_dir / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest.setdefault("sets", {})[name] = {
+        "file": path.name,
+        "description": description,
+        "sources": [f"{src_name}.jsonl (derived, no model run)"],
+        "requests": len(lines),
+        "prompt_tokens": sum(len(x["prompt_ids"]) for x in lines),
+        "output_tokens": sum(len(x["output_ids"]) for x in lines),
+        "parameters": {"derived_from": src_name, "every": 2},
+    }
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"[traces] {name}: wrote {path} ({len(lines)} requests)", file=sys.stderr)
+
+
 def _params(args: argparse.Namespace) -> dict:
     return {
         "per_set": args.per_set,
@@ -214,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--sets", nargs="+", default=list(SET_BUILDERS), choices=list(SET_BUILDERS))
+    names = [*SET_BUILDERS, *DERIVED]
+    ap.add_argument("--sets", nargs="+", default=names, choices=names)
     ap.add_argument("--per-set", type=int, default=40, help="requests per set")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=20)
@@ -226,15 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="regenerate even if cached")
     args = ap.parse_args(argv)
 
-    from tqdm import tqdm
-
-    from sglang_spec_ext.demo_model import default_cache_dir, ensure_smollm2_dir
-
-    cache_dir = args.cache_dir or default_cache_dir()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = args.out_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     params = _params(args)
+    derived = [s for s in args.sets if s in DERIVED]
+    args.sets = [s for s in args.sets if s not in DERIVED]
     todo = [
         s
         for s in args.sets
@@ -245,9 +284,22 @@ def main(argv: list[str] | None = None) -> int:
     for s in args.sets:
         if s not in todo:
             print(f"[traces] {s}: cached ({args.out_dir / f'{s}.jsonl'})", file=sys.stderr)
-    if not todo:
-        return 0
+    if todo:
+        generate_sets(args, todo, manifest_path, params)
+    for name in derived:
+        write_derived(name, args.out_dir, manifest_path)
+    return 0
 
+
+def generate_sets(
+    args: argparse.Namespace, todo: list[str], manifest_path: Path, params: dict
+) -> None:
+    """Run the target model on the prompt sets ``todo`` and write their traces."""
+    from tqdm import tqdm
+
+    from sglang_spec_ext.demo_model import default_cache_dir, ensure_smollm2_dir
+
+    cache_dir = args.cache_dir or default_cache_dir()
     import torch
 
     torch.set_num_threads(args.threads)
@@ -299,7 +351,6 @@ def main(argv: list[str] | None = None) -> int:
             tmp_manifest.write_text(json.dumps(manifest, indent=2) + "\n")
             tmp_manifest.replace(manifest_path)
             ckpt.remove()
-    return 0
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ class SuffixConfig:
     use_tree: bool = True
     merge_drafts: bool = True
     max_request_tokens: int = 65536
-    global_prompt_cap: int = 65536
+    global_prompt_cap: int = 64  # tuned; a prompt is whole in its own request's tree
     step_insert_tokens: int = 4096
 
     def __post_init__(self) -> None:

@@ -25,6 +25,7 @@ from sglang_spec_ext.bench.servers import add_launch_arguments
 from sglang_spec_ext.config import CONFIG_FILE_ENV, ConfigError, load_config
 from sglang_spec_ext.machine import machine_info
 from sglang_spec_ext.tune.modes import run_live, run_replay
+from sglang_spec_ext.tune.search import CONFIG_KEYS
 from sglang_spec_ext.tune.tables import LIVE_GRID, REPLAY_GRID
 
 
@@ -42,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--widths",
         help=f"verify widths incl. the root (replay {REPLAY_GRID['widths']}, live {LIVE_GRID['widths']})",
     )
-    for name in ("max_depth", "spec_factor", "spec_offset", "min_token_prob", "use_tree"):
+    for name in CONFIG_KEYS:
         g.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,

@@ -38,7 +38,9 @@ from sglang_spec_ext.replay import (
     simulate_fixed_budget,
 )
 
-CONFIG_KEYS = ("max_depth", "spec_factor", "spec_offset", "min_token_prob", "use_tree")
+CONFIG_KEYS = (
+    "max_depth", "spec_factor", "spec_offset", "min_token_prob", "use_tree", "global_prompt_cap",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class DraftSetting:
     spec_offset: float = 0.0
     min_token_prob: float = 0.1
     use_tree: bool = True
+    global_prompt_cap: int = 64  # prompt tokens (the last ones) in the global tree
 
     @classmethod
     def plugin_default(cls) -> DraftSetting:
@@ -60,7 +63,9 @@ class DraftSetting:
         return asdict(self)
 
     def options(self, backend: str = "auto", width: int = 16) -> DrafterOptions:
-        return DrafterOptions(width=width, suffix_backend=backend, **asdict(self))
+        fields = asdict(self)
+        extra = {"global_prompt_cap": fields.pop("global_prompt_cap")}  # a SuffixConfig field
+        return DrafterOptions(width=width, suffix_backend=backend, extra=extra, **fields)
 
 
 @dataclass
@@ -71,10 +76,16 @@ class SearchSpace:
     spec_offset: list[float]
     min_token_prob: list[float]
     use_tree: list[bool] = field(default_factory=lambda: [True])
+    global_prompt_cap: list[int] = field(default_factory=lambda: [65536])
 
     def settings(self, include_default: bool = True) -> list[DraftSetting]:
         grid = itertools.product(
-            self.max_depth, self.spec_factor, self.spec_offset, self.min_token_prob, self.use_tree
+            self.max_depth,
+            self.spec_factor,
+            self.spec_offset,
+            self.min_token_prob,
+            self.use_tree,
+            self.global_prompt_cap,
         )
         out = [DraftSetting(*values) for values in grid]
         if include_default and DraftSetting.plugin_default() not in out:

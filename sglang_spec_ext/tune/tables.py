@@ -11,9 +11,10 @@ from sglang_spec_ext.bench.report import format_table
 from sglang_spec_ext.tune.search import SearchSpace
 
 REPLAY_GRID = {"widths": "2,4,8,16,32", "max_depth": "24,64", "spec_factor": "0.5,1,2",
-               "spec_offset": "0,2", "min_token_prob": "0.05,0.1,0.2", "use_tree": "true"}  # fmt: skip
+               "spec_offset": "0,2", "min_token_prob": "0.05,0.1,0.2", "use_tree": "true",
+               "global_prompt_cap": "64"}  # fmt: skip
 LIVE_GRID = {"widths": "4,8", "max_depth": "64", "spec_factor": "1", "spec_offset": "0",
-             "min_token_prob": "0.1", "use_tree": "true"}  # fmt: skip
+             "min_token_prob": "0.1", "use_tree": "true", "global_prompt_cap": "64"}  # fmt: skip
 
 
 def _bools(text: str) -> list[bool]:
@@ -40,6 +41,7 @@ def search_space(args: argparse.Namespace, grid: dict[str, str]) -> SearchSpace:
         max_depth=[int(x) for x in val("max_depth").split(",") if x.strip()],
         spec_factor=floats("spec_factor"), spec_offset=floats("spec_offset"),
         min_token_prob=floats("min_token_prob"), use_tree=_bools(val("use_tree")),
+        global_prompt_cap=[int(x) for x in val("global_prompt_cap").split(",") if x.strip()],
     )  # fmt: skip
 
 
@@ -49,10 +51,11 @@ def _fmt(v: Any, spec: str = ".2f") -> str:
 
 def _setting_cells(s: dict[str, Any]) -> list[str]:
     return [str(s["max_depth"]), f"{s['spec_factor']:g}", f"{s['spec_offset']:g}",
-            f"{s['min_token_prob']:g}", "tree" if s["use_tree"] else "chain"]  # fmt: skip
+            f"{s['min_token_prob']:g}", "tree" if s["use_tree"] else "chain",
+            str(s.get("global_prompt_cap", "-"))]  # fmt: skip
 
 
-SETTING_HEADERS = ["max_depth", "factor", "offset", "min_prob", "shape"]
+SETTING_HEADERS = ["max_depth", "factor", "offset", "min_prob", "shape", "prompt_cap"]
 
 
 def replay_table(rows: list[dict[str, Any]]) -> str:

@@ -89,7 +89,8 @@ def test_tune_writes_loadable_config(trace: Path, tmp_path: Path, capsys) -> Non
     cfg, report = tmp_path / "out" / "cfg.json", tmp_path / "tune.json"
     rc = main(["tune", "--trace", str(trace), "--widths", "2,4,8", "--max-depth", "8,32",
                "--spec-factor", "1,2", "--spec-offset", "0", "--min-token-prob", "0.1",
-               "--use-tree", "true,false", "--batch-sizes", "1,8", "--write-config", str(cfg),
+               "--use-tree", "true,false", "--global-prompt-cap", "0,64",
+               "--batch-sizes", "1,8", "--write-config", str(cfg),
                "--json", str(report), "--no-progress"])  # fmt: skip
     assert rc == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -97,11 +98,17 @@ def test_tune_writes_loadable_config(trace: Path, tmp_path: Path, capsys) -> Non
     assert lines[-3].startswith("-----")
     assert [ln.split()[0] for ln in lines[-2:]] == ["1", "8"]
     written = json.loads(cfg.read_text())
-    assert set(written) == {"max_depth", "spec_factor", "spec_offset", "min_token_prob", "use_tree"}
+    assert set(written) == {
+        "max_depth", "spec_factor", "spec_offset", "min_token_prob", "use_tree", "global_prompt_cap",
+    }  # fmt: skip
     loaded = load_config({CONFIG_FILE_ENV: str(cfg)})
     assert loaded.max_depth == written["max_depth"] and loaded.sources["max_depth"] == "file"
+    assert loaded.global_prompt_cap == written["global_prompt_cap"]
     doc = json.loads(report.read_text())
-    assert doc["settings_evaluated"] == 9 and doc["chosen"]["batch_size"] == 1
+    assert doc["settings_evaluated"] == 17 and doc["chosen"]["batch_size"] == 1
+    across = doc["across_widths"]
+    assert set(across["accept_length"]) == {"2", "4", "8"}
+    assert 0.0 < across["relative_to_best_per_width"] <= 1.0
     assert doc["config"] == written and doc["machine"]["python"]
     assert "1 + 0.01 * B * (W - 1)" in doc["cost_model"]
 

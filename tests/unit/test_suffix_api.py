@@ -81,7 +81,7 @@ def test_request_id_errors(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_argument_errors_leave_state_unchanged(backend):
-    d = SuffixDrafter(backend=backend)
+    d = SuffixDrafter(SuffixConfig(cache_prompts=True), backend=backend)  # counts the prompt
     d.start_request("a", [1, 2, 3])
     for bad in (-1, 2**31, "x"):
         with pytest.raises((ValueError, TypeError)):

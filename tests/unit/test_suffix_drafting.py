@@ -17,17 +17,35 @@ def backend(request) -> str:
 
 
 def make(backend: str, **kw) -> SuffixDrafter:
-    # The hand-checked cases spell out budgets of 1 x match length (the settings
-    # before issue 14); the current defaults' budget is tested on its own below.
-    return SuffixDrafter(SuffixConfig(**{**PREVIOUS_SUFFIX_SETTINGS, **kw}), backend=backend)
+    # The hand-checked cases spell out budgets of 1 x match length and whole prompts in
+    # the global tree (the settings before issue 14); the current defaults' budget and
+    # prompt cap are tested on their own below.
+    base = {**PREVIOUS_SUFFIX_SETTINGS, "global_prompt_cap": 65536}
+    return SuffixDrafter(SuffixConfig(**{**base, **kw}), backend=backend)
 
 
-def test_default_budget_fills_the_width(backend):
+def test_default_budget_grows_with_the_match(backend):
     d = SuffixDrafter(SuffixConfig(), backend=backend)
     d.start_request("a", [1, 2, 3, 4, 5, 6, 7, 1, 2])
-    # a 2-token match, yet the default budget (tuned) lets the draft run to the width
+    # a 2-token match: the default budget (tuned: 8 x 2 + 4) reaches past the width
     assert d.speculate("a", 5).tokens == [3, 4, 5, 6, 7]
     assert d.speculate("a", 3).tokens == [3, 4, 5]
+    # a 1-token match: at most 8 x 1 + 4 = 12 nodes, whatever the width
+    d.start_request("b", [99, *range(1, 21), 99])
+    assert d.speculate("b", 30).tokens == list(range(1, 13))
+
+
+def test_default_prompt_cap_links_a_repeated_prompt_to_its_answer(backend):
+    """Only a prompt's last 64 tokens enter the global tree (tuned): enough for a
+    repeated question to draft its earlier answer from the first step on."""
+    d = SuffixDrafter(SuffixConfig(), backend=backend)
+    prompt = list(range(1000, 1200))
+    d.start_request("a", prompt)
+    d.extend_request("a", [7, 8, 9, 10])
+    d.finish_request("a")
+    assert d.stats()["cached_tokens"] == 64 + 4
+    d.start_request("b", prompt)
+    assert d.speculate("b", 8).tokens[:4] == [7, 8, 9, 10]
 
 
 def as_tuple(d: DraftTree):

@@ -58,7 +58,9 @@ def test_request_tree_keeps_a_window_of_recent_tokens(backend):
 
 @pytest.mark.parametrize("backend", ["python"] + (["native"] if native_available() else []))
 def test_long_prompt_is_inserted_over_steps_and_capped_in_the_global_tree(backend):
-    cfg = SuffixConfig(max_depth=8, max_cached_tokens=1000, step_insert_tokens=100)
+    cfg = SuffixConfig(
+        max_depth=8, max_cached_tokens=1000, step_insert_tokens=100, global_prompt_cap=65536
+    )
     d = SuffixDrafter(cfg, backend)
     d.start_request("old", [5, 6, 7])
     d.start_request("long", list(range(3000)))
