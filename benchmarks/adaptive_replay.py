@@ -36,12 +36,9 @@ import dataclasses
 import glob
 import json
 import logging
-import os
-import platform
 import sys
 import time
 from collections.abc import Hashable, Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +56,7 @@ from sglang_spec_ext.adaptive.simulator import (
     replay,
 )
 from sglang_spec_ext.adaptive.synthetic import generate
+from sglang_spec_ext.machine import machine_info, package_versions
 from sglang_spec_ext.replay.table import model_draft_table
 from sglang_spec_ext.replay.trace import read_trace
 
@@ -134,13 +132,6 @@ def host_ema_available() -> bool:
     except Exception:
         return False
     return True
-
-
-def _version(pkg: str) -> str | None:
-    try:
-        return metadata.version(pkg)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 SYNTHETIC_SETS = ("repetitive", "chat", "mixed")
@@ -424,13 +415,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "source": source,
         "note": args.note,
         "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "gpu": "none used: step times come from the analytic model",
+            **machine_info(),
+            "gpu_used": "none: step times come from the analytic model",
         },
-        "versions": {p: _version(p) for p in ("sglang-spec-ext", "sglang", "numpy")},
+        "versions": package_versions(),
         "parameters": {
             "batch_sizes": batch_sizes,
             "steps": args.steps,

