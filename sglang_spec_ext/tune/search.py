@@ -76,7 +76,7 @@ class SearchSpace:
     spec_offset: list[float]
     min_token_prob: list[float]
     use_tree: list[bool] = field(default_factory=lambda: [True])
-    global_prompt_cap: list[int] = field(default_factory=lambda: [65536])
+    global_prompt_cap: list[int] = field(default_factory=lambda: [64])
 
     def settings(self, include_default: bool = True) -> list[DraftSetting]:
         grid = itertools.product(
