@@ -195,29 +195,38 @@ def run_set(gen: Generator, reqs: list[Request], bar, ckpt: Checkpoint) -> list[
     return lines
 
 
-#: Sets derived from a recorded one without running the model: name -> (source set,
-#: description). "repeat": every other chat request, then the same requests asked
-#: again (a repeated prompt gets the recorded greedy output of its first ask).
+def derive_repeat(source: list[dict]) -> list[dict]:
+    """Every other request, then the same requests asked again (a repeated prompt gets
+    the recorded greedy output of its first ask)."""
+    first = [dict(r, set="repeat") for r in source[::2]]
+    return first + [dict(r, id=f"{r['id']}/again") for r in first]
+
+
+#: Sets derived from a recorded one without running the model:
+#: name -> (source set, derivation, description).
 DERIVED = {
     "repeat": (
         "chat",
+        derive_repeat,
         "repeated questions: every other chat request (20), then the same 20 asked again; "
         "outputs are the recorded greedy outputs of the chat set (same prompt, same output)",
     ),
 }
 
 
-def derive_repeat(source: list[dict]) -> list[dict]:
-    first = [dict(r, set="repeat") for r in source[::2]]
-    return first + [dict(r, id=f"{r['id']}/again") for r in first]
+def write_manifest(manifest_path: Path, manifest: dict) -> None:
+    """Replace the manifest in one step (a temporary file renamed over it)."""
+    tmp = manifest_path.with_suffix(f".json.{os.getpid()}")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    tmp.replace(manifest_path)
 
 
 def write_derived(name: str, out_dir: Path, manifest_path: Path) -> None:
-    src_name, description = DERIVED[name]
+    src_name, derive, description = DERIVED[name]
     src = out_dir / f"{src_name}.jsonl"
     if not src.exists():
         raise SystemExit(f"[traces] {name}: needs {src} (run --sets {src_name} first)")
-    lines = derive_repeat([json.loads(x) for x in src.read_text().splitlines() if x.strip()])
+    lines = derive([json.loads(x) for x in src.read_text().splitlines() if x.strip()])
     path = out_dir / f"{name}.jsonl"
     path.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
@@ -230,7 +239,7 @@ def write_derived(name: str, out_dir: Path, manifest_path: Path) -> None:
         "output_tokens": sum(len(x["output_ids"]) for x in lines),
         "parameters": {"derived_from": src_name, "every": 2},
     }
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    write_manifest(manifest_path, manifest)
     print(f"[traces] {name}: wrote {path} ({len(lines)} requests)", file=sys.stderr)
 
 
@@ -339,9 +348,7 @@ def generate_sets(
                     "machine": machine_info(),
                 }
             )
-            tmp_manifest = manifest_path.with_suffix(f".json.{os.getpid()}")
-            tmp_manifest.write_text(json.dumps(manifest, indent=2) + "\n")
-            tmp_manifest.replace(manifest_path)
+            write_manifest(manifest_path, manifest)
             ckpt.remove()
 
 

@@ -116,12 +116,9 @@ def sharegpt_first_turns(
     cap: int,
     max_chars: int = 1500,
     accept: Callable[[str], bool] | None = None,
-    skip: int = 0,
 ) -> list[tuple[str, str]]:
-    """(id, first human turn) of the first ``cap`` suitable conversations in file order.
-
-    ``accept`` filters further; the first ``skip`` accepted turns are passed over.
-    """
+    """(id, first human turn) of the first ``cap`` suitable conversations in file order
+    (``accept``: a further filter)."""
     out: list[tuple[str, str]] = []
     with _open_member(SHAREGPT, cache_dir) as fh:
         for rec in iter_json_array(fh):
@@ -134,9 +131,6 @@ def sharegpt_first_turns(
             if sum(c.isascii() for c in text) < 0.95 * len(text):
                 continue  # keep the set English-like for a 135M English model
             if accept is not None and not accept(text):
-                continue
-            if skip > 0:
-                skip -= 1
                 continue
             out.append((str(rec.get("id")), text))
             if len(out) >= cap:
@@ -212,20 +206,30 @@ FOLLOWUPS = (
 )
 
 
-def agentic_set(cache_dir: Path, n: int) -> list[Request]:
-    """Multi-turn coding sessions: every later turn carries the earlier answers."""
-    turns = 1 + len(FOLLOWUPS)
+def _coding_sessions(
+    cache_dir: Path, n: int, set_name: str, tag: str, offset: int, opening: str, turns: tuple
+) -> list[Request]:
+    """``n // (1 + len(turns))`` multi-turn sessions on HumanEval problems: ``opening``
+    and the problem's signature and docstring first, then ``turns`` (templates with
+    ``{fn}``, the entry point, and ``{test}``, the problem's test code)."""
     probs = humaneval(cache_dir)
     out = []
-    for i in _spread(len(probs), max(1, n // turns), offset=2):
+    for i in _spread(len(probs), max(1, n // (1 + len(turns))), offset=offset):
         p = probs[i]
-        first = (
-            "You are a coding agent. Implement this function and reply with the full code in "
-            f"a Python code block.\n\n```python\n{p['prompt']}```"
-        )
-        followups = [f.format(fn=p["entry_point"]) for f in FOLLOWUPS]
-        out.append(Request(f"{p['task_id']}/session", "agentic", _user(first), followups))
+        first = f"{opening}\n\n```python\n{p['prompt']}```"
+        fields = {"fn": p["entry_point"], "test": p["test"].strip()}
+        followups = [t.format(**fields) for t in turns]
+        out.append(Request(f"{p['task_id']}/{tag}", set_name, _user(first), followups))
     return out
+
+
+def agentic_set(cache_dir: Path, n: int) -> list[Request]:
+    """Multi-turn coding sessions: every later turn carries the earlier answers."""
+    opening = (
+        "You are a coding agent. Implement this function and reply with the full code in "
+        "a Python code block."
+    )
+    return _coding_sessions(cache_dir, n, "agentic", "session", 2, opening, FOLLOWUPS)
 
 
 PROSE_CATEGORIES = ("humanities", "roleplay", "stem", "writing")
@@ -310,20 +314,11 @@ AGENT_LONG_TURNS = (
 
 def agent_long_set(cache_dir: Path, n: int) -> list[Request]:
     """Long agent sessions (8 turns with tool results): the context grows to ~3k tokens."""
-    turns = 1 + len(AGENT_LONG_TURNS)
-    probs = humaneval(cache_dir)
-    out = []
-    for i in _spread(len(probs), max(1, n // turns), offset=5):
-        p = probs[i]
-        first = (
-            "You are a coding agent working in a repository. Task: implement this function "
-            "in solution.py and reply with the full file in a Python code block."
-            f"\n\n```python\n{p['prompt']}```"
-        )
-        fn = p["entry_point"]
-        followups = [t.format(fn=fn, test=p["test"].strip()) for t in AGENT_LONG_TURNS]
-        out.append(Request(f"{p['task_id']}/long", "agent-long", _user(first), followups))
-    return out
+    opening = (
+        "You are a coding agent working in a repository. Task: implement this function "
+        "in solution.py and reply with the full file in a Python code block."
+    )
+    return _coding_sessions(cache_dir, n, "agent-long", "long", 5, opening, AGENT_LONG_TURNS)
 
 
 SET_BUILDERS = {

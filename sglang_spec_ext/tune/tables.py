@@ -33,15 +33,18 @@ def search_space(args: argparse.Namespace, grid: dict[str, str]) -> SearchSpace:
     def floats(name: str) -> list[float]:
         return [float(x) for x in val(name).split(",") if x.strip()]
 
-    widths = [int(x) for x in val("widths").split(",") if x.strip()]
+    def ints(name: str) -> list[int]:
+        return [int(x) for x in val(name).split(",") if x.strip()]
+
+    widths = ints("widths")
     if not widths or min(widths) < 2:
         raise ValueError("--widths: verify widths must be >= 2")
     return SearchSpace(
         widths=sorted(set(widths)),
-        max_depth=[int(x) for x in val("max_depth").split(",") if x.strip()],
+        max_depth=ints("max_depth"),
         spec_factor=floats("spec_factor"), spec_offset=floats("spec_offset"),
         min_token_prob=floats("min_token_prob"), use_tree=_bools(val("use_tree")),
-        global_prompt_cap=[int(x) for x in val("global_prompt_cap").split(",") if x.strip()],
+        global_prompt_cap=ints("global_prompt_cap"),
     )  # fmt: skip
 
 
@@ -52,7 +55,7 @@ def _fmt(v: Any, spec: str = ".2f") -> str:
 def _setting_cells(s: dict[str, Any]) -> list[str]:
     return [str(s["max_depth"]), f"{s['spec_factor']:g}", f"{s['spec_offset']:g}",
             f"{s['min_token_prob']:g}", "tree" if s["use_tree"] else "chain",
-            str(s.get("global_prompt_cap", "-"))]  # fmt: skip
+            str(s["global_prompt_cap"])]  # fmt: skip
 
 
 SETTING_HEADERS = ["max_depth", "factor", "offset", "min_prob", "shape", "prompt_cap"]
