@@ -84,7 +84,7 @@ class AdaptiveConfig:
     cost_window: int = 2048  # measured steps kept for the fit
     cost_decay: float = 0.999  # per-sample recency weight
     cost_refit_every: int = 16
-    cost_prior_weight: float = 1.0  # pseudo-samples of the prior per coefficient
+    cost_prior_weight: float = 16.0  # pseudo-samples of the prior per coefficient
     cost_weight_bytes: float | None = None
     cost_mem_bw: float | None = None
     cost_flops: float | None = None

@@ -47,15 +47,21 @@ request. That gives ~7.1 ms per plain step at bs=1 (~140 tok/s), a knee near
 Online calibration
 ------------------
 :class:`StepCostModel` keeps a bounded window of measured ``(bs, k, seconds)`` samples
-and refits multipliers ``x_j`` on the seven prior coefficients by least squares on
-relative residuals, re-assigning the active roofline branch of each sample from the
-current fit a few times. Outliers (GC pauses, preemptions) get Huber weights from their
+and refits multipliers ``x_j`` on the nine prior coefficients. First one global time
+scale (the recency-weighted median of measured over prior time): a device far from the
+prior's, such as a CPU against the H100 preset, is slower at everything. Then the
+multipliers, relative to that scaled prior, by least squares on relative residuals,
+re-assigning the active roofline branch of each sample from the current fit a few
+times. Outliers (GC pauses, preemptions) get Huber weights from their
 deviation to the median of their own ``(bs, k)`` cell (scale: the median absolute
 deviation), so a rarely probed width whose time differs from the fit counts fully;
 samples lose weight exponentially with age; a ridge term pulls every ``x_j`` towards 1
-(the prior) with ``prior_weight`` pseudo-samples, so directions the data cannot
-identify (e.g. the split of a constant between "fixed" and "weights" when only one
-batch size is seen) scale with the prior. Because the max hides a too-steep compute
+(the scaled prior) with ``prior_weight`` pseudo-samples, each worth the coefficient's
+mean share of the measured times, so directions the data cannot identify (e.g. the
+split of a constant between "fixed" and "weights" when only one batch size is seen)
+scale with the prior, while a coefficient the data does identify may move by orders of
+magnitude (within 1e-3..1e4 of the scaled prior): on a CPU running a 135M model every
+step is compute-bound and the per-token cost is ~10^4 x what the H100 roofline says. Because the max hides a too-steep compute
 slope next to memory-bound samples, the compute multiplier is also capped so that no
 well-sampled cell's median time is exceeded by its predicted compute time. Each refit also computes, per observed
 ``(bs, k)`` cell, the recency-weighted mean of ``log(measured / fitted)`` (outliers
@@ -181,6 +187,11 @@ PRESETS["llama3-8b-h100-standalone-1b"] = PRESETS["llama3-8b-h100"].with_overrid
 )
 
 
+#: Bounds of a refit's multipliers, relative to the prior times the global time scale.
+_X_MIN, _X_MAX = 1e-3, 1e4
+#: Smallest ridge per coefficient (a coefficient no sample's time depends on).
+_RIDGE_FLOOR = 1e-6
+
 #: Coefficients added to both roofline branches (the rest are memory or compute terms).
 N_COMMON = 5
 
@@ -240,7 +251,7 @@ class StepCostModel:
         window: int = 2048,
         decay: float = 0.999,
         refit_every: int = 16,
-        prior_weight: float = 1.0,
+        prior_weight: float = 16.0,
         huber: float = 2.5,
         cell_strength: float = 4.0,
         verify_widths: tuple[int, ...] | None = None,
@@ -250,6 +261,7 @@ class StepCostModel:
         self.zero_step_draft = self.prior.zero_step_draft
         self.verify_widths = None if verify_widths is None else np.asarray(verify_widths)
         self.multipliers = np.ones(len(COEFF_NAMES))
+        self.time_scale = 1.0  # global measured / prior scale of the last refit
         self.calibrate = calibrate
         self.decay = decay
         self.refit_every = max(1, refit_every)
@@ -320,18 +332,30 @@ class StepCostModel:
         w = recency * robust
         f_mem, f_comp = features(bs, k, self.zero_step_draft, self.verify_widths)
         f_mem, f_comp = f_mem * self.prior_coeffs, f_comp * self.prior_coeffs
-        x = self.multipliers.copy()
+        # one time scale first (the recency-weighted median of measured / prior): a
+        # device far from the prior's (a CPU against an H100 preset) moves every
+        # coefficient together, and the multipliers below are relative to it
+        prior_t = np.maximum(f_mem.sum(axis=1), f_comp.sum(axis=1))
+        scale = math.exp(_weighted_median(log_t - np.log(prior_t), w))
+        f_mem, f_comp = f_mem * scale, f_comp * scale
+        x = self.multipliers / scale  # warm start from the last fit
         for _ in range(iterations):
             mem_active = (f_mem @ x) >= (f_comp @ x)
             design = np.where(mem_active[:, None], f_mem, f_comp) / t[:, None]
             # relative least squares (target 1 = measured / measured), ridge towards
-            # the prior with ``prior_weight`` pseudo-samples per multiplier
-            lhs = design.T @ (design * w[:, None]) + self.prior_weight * np.eye(len(x))
-            rhs = design.T @ w + self.prior_weight
-            x = np.clip(np.linalg.solve(lhs, rhs), 0.02, 50.0)
-            x[-1] = min(x[-1], self._compute_cap(x, uniq, inv, cell_med, lim))
-        self.multipliers = x
+            # the scaled prior worth ``prior_weight`` samples of each coefficient's own
+            # typical share, so a coefficient the data identifies can move far (a
+            # compute-bound CPU's per-token cost is ~10^4 x an H100's) while one it
+            # cannot identify stays with the prior
+            gram = design.T @ (design * w[:, None])
+            ridge = self.prior_weight * np.maximum(np.diag(gram) / w.sum(), _RIDGE_FLOOR)
+            lhs = gram + np.diag(ridge)
+            rhs = design.T @ w + ridge
+            x = np.clip(np.linalg.solve(lhs, rhs), _X_MIN, _X_MAX)
+            x[-1] = min(x[-1], self._compute_cap(x * scale, uniq, inv, cell_med, lim) / scale)
         pred = np.maximum(f_mem @ x, f_comp @ x)
+        self.time_scale = scale
+        self.multipliers = x * scale
         res = log_t - dev + np.clip(dev, -lim, lim) - np.log(pred)  # outliers clipped
         # per-cell correction: the recency-weighted mean residual, shrunk by the cell's
         # sample count (not its recency weight: a rarely visited width, probed now and
@@ -371,9 +395,16 @@ class StepCostModel:
             "samples": self._n,
             "coefficients_s": dict(zip(COEFF_NAMES, self.coefficients.tolist(), strict=True)),
             "multipliers": dict(zip(COEFF_NAMES, self.multipliers.round(4).tolist(), strict=True)),
+            "time_scale": round(self.time_scale, 4),
             "residual_scale": round(self._scale, 5),
             "cells": len(self._cells),
         }
+
+
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order])
+    return float(values[order][int(np.searchsorted(cum, 0.5 * cum[-1]))])
 
 
 def _group_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
