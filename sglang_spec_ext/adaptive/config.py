@@ -37,9 +37,21 @@ def _check_int_tuple(name: str, value: object, lo: int, hi: int) -> None:
         _fail(name, value, f"a non-empty tuple of integers in [{lo}, {hi}]")
 
 
-#: What model drafts with topk 1 change (``k`` = draft steps): acceptance per depth, and
-#: exploration that backs off once a tier settles (each probe costs draft forwards).
-CHAIN_DEFAULTS: dict[str, object] = {"draft_shape": "chain", "probe_backoff": 4}
+#: What model drafts with topk 1 change (``k`` = draft steps): acceptance per depth,
+#: exploration that backs off once a tier settles (each probe costs draft forwards), and
+#: a narrow tie band: the per-depth estimate is exact for chains, so a 0.3-1% predicted
+#: gain of one more step is real (a 1% band, which sends near-ties to fewer steps, cost
+#: up to 0.8% at batch 16-32 in the STANDALONE code-edit replay); and an exploration
+#: budget, since a probe of one more draft step can cost several plain steps where the
+#: draft forward is dear (a CPU). Tree widths keep it off: there the probes also feed
+#: the paired differences the estimates lean on (adaptive/paired.py).
+CHAIN_DEFAULTS: dict[str, object] = {
+    "draft_shape": "chain",
+    "probe_backoff": 4,
+    "tie_tolerance": 0.003,
+    "probe_budget": 0.01,
+    "probe_budget_thin": 0.05,
+}
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,10 @@ class AdaptiveConfig:
     probe_max_loss: float = 0.15  # skip probes predicted to lose more (when well known)
     # double the probe intervals every this many probes without a switch (0 = never)
     probe_backoff: int = 0
+    # probes lose at most this fraction of a tier's time (thin neighbours: _thin);
+    # 1 = no limit beyond the intervals (trees; chains: CHAIN_DEFAULTS)
+    probe_budget: float = 1.0
+    probe_budget_thin: float = 1.0
     probe_min_evidence: float = 32.0  # acceptance observations under which a k is "thin"
     probe_min_timed: float = 8.0  # measured step times (per tier) under which a k is "thin"
     # step-cost model
@@ -140,6 +156,8 @@ class AdaptiveConfig:
         _check_int("probe_interval_thin", self.probe_interval_thin, 1, 1 << 20)
         _check_num("probe_max_loss", self.probe_max_loss, 0.0, 1.0)
         _check_int("probe_backoff", self.probe_backoff, 0, 1 << 20)
+        _check_num("probe_budget", self.probe_budget, 0.0, 1.0, lo_open=True)
+        _check_num("probe_budget_thin", self.probe_budget_thin, 0.0, 1.0, lo_open=True)
         _check_num("probe_min_evidence", self.probe_min_evidence, 0.0, 1e9)
         _check_num("probe_min_timed", self.probe_min_timed, 0.0, 1e9)
         if self.cost_preset not in PRESETS:

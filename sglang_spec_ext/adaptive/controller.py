@@ -73,6 +73,8 @@ class AdaptiveController:
             # chains: every extra step is a draft forward, so near-ties go to fewer steps
             tie_to_larger=cfg.draft_shape != "chain",
             probe_backoff=cfg.probe_backoff,
+            probe_budget=cfg.probe_budget,
+            probe_budget_thin=cfg.probe_budget_thin,
         )
         self.paired = PairedProbes(decay=cfg.decay)
         self.chain = (
@@ -131,8 +133,10 @@ class AdaptiveController:
 
     def choose_k(self, batch_size: int, req_ids: Sequence[Hashable] | None = None) -> int:
         """The number of draft nodes per request to use for the next step."""
-        goodput = self.predicted_goodput(batch_size, req_ids)
-        k = self.policy.decide(batch_size, goodput, self.thin(batch_size))
+        _check_bs(batch_size)
+        step_time = self.cost.predict(batch_size, self.ks)
+        goodput = self.expected_accept(batch_size, req_ids) / step_time
+        k = self.policy.decide(batch_size, goodput, self.thin(batch_size), step_time)
         self._last = {
             "batch_size": batch_size,
             "k": k,

@@ -20,7 +20,15 @@ Each tier (the largest configured tier ``<= batch size``) keeps its own current 
   ``probe_interval_thin`` decisions, whatever its prediction, until it is not.
   The cost is bounded: ``probe_max_loss / probe_interval`` of goodput for well-known
   widths, and while a neighbour is thin one step in ``probe_interval_thin``, which
-  lasts only until the caller's thresholds are met (a handful of probes).
+  lasts only until the caller's thresholds are met (a handful of probes);
+* **exploration budget**: where a probe is dear (a CPU, where one draft step costs as
+  much as the target forward, so a probe can take three plain steps), the intervals
+  stretch so that probes lose at most ``probe_budget`` of the tier's time
+  (``probe_budget_thin`` while a neighbour is thin): a probe predicted to lose ``L``
+  current steps' worth of tokens (``(1 - goodput ratio) x step time ratio``, from the
+  caller's predicted step times when given) waits at least ``L / budget`` decisions.
+  On a GPU, where verifying a few more tokens is nearly free, ``L`` is small and the
+  intervals above decide.
 """
 
 from __future__ import annotations
@@ -59,6 +67,8 @@ class TierPolicy:
         probe_max_loss: float = 0.15,
         tie_to_larger: bool = True,
         probe_backoff: int = 0,
+        probe_budget: float = 1.0,
+        probe_budget_thin: float = 1.0,
     ) -> None:
         self.candidates = np.array(sorted(set(int(k) for k in candidates)), dtype=np.int64)
         self.tiers = np.array(sorted(set(int(t) for t in tiers)), dtype=np.int64)
@@ -71,6 +81,8 @@ class TierPolicy:
         self.probe_max_loss = probe_max_loss
         self.tie_to_larger = tie_to_larger
         self.probe_backoff = probe_backoff
+        self.probe_budget = probe_budget
+        self.probe_budget_thin = probe_budget_thin
         self.states = [TierState() for _ in self.tiers]
 
     def tier_index(self, batch_size: int) -> int:
@@ -80,11 +92,19 @@ class TierPolicy:
         cur = self.states[self.tier_index(batch_size)].current
         return None if cur is None else int(self.candidates[cur])
 
-    def decide(self, batch_size: int, goodput: np.ndarray, thin: np.ndarray) -> int:
+    def decide(
+        self,
+        batch_size: int,
+        goodput: np.ndarray,
+        thin: np.ndarray,
+        step_time: np.ndarray | None = None,
+    ) -> int:
         """The ``k`` to use for this step.
 
         ``goodput``: predicted goodput per candidate; ``thin``: per candidate, whether
-        its prediction still rests on too few observations (always worth a probe).
+        its prediction still rests on too few observations (always worth a probe);
+        ``step_time``: predicted step time per candidate (prices probes; without it a
+        probe step is taken to last as long as a current one).
         """
         st = self.states[self.tier_index(batch_size)]
         st.decisions += 1
@@ -106,7 +126,7 @@ class TierPolicy:
                 self._switch(st, best)
         else:
             st.pending, st.pending_count = None, 0
-        probe = self._probe(st, goodput, thin)
+        probe = self._probe(st, goodput, thin, step_time)
         return int(self.candidates[st.current if probe is None else probe])
 
     @staticmethod
@@ -123,7 +143,21 @@ class TierPolicy:
             return 1
         return 1 << min(3, st.probes_since_switch // self.probe_backoff)
 
-    def _probe(self, st: TierState, goodput: np.ndarray, thin: np.ndarray) -> int | None:
+    def _probe_loss(
+        self, cur: int, nb: int, goodput: np.ndarray, step_time: np.ndarray | None
+    ) -> float:
+        """Predicted tokens a probe of ``nb`` loses, in current steps' worth."""
+        ratio = float(goodput[nb]) / max(float(goodput[cur]), 1e-12)
+        duration = 1.0 if step_time is None else float(step_time[nb] / step_time[cur])
+        return max(0.0, 1.0 - ratio) * duration
+
+    def _probe(
+        self,
+        st: TierState,
+        goodput: np.ndarray,
+        thin: np.ndarray,
+        step_time: np.ndarray | None = None,
+    ) -> int | None:
         if self.probe_interval <= 0:
             return None
         st.since_probe += 1
@@ -134,9 +168,14 @@ class TierPolicy:
             nbs.reverse()
         thin_nbs = [nb for nb in nbs if thin[nb]]
         scale = self._backoff(st)
-        if thin_nbs and st.since_probe >= self.probe_interval_thin * scale:
+
+        def due(nb: int, interval: int, budget: float) -> bool:
+            wait = max(interval * scale, self._probe_loss(cur, nb, goodput, step_time) / budget)
+            return st.since_probe >= wait
+
+        if thin_nbs and due(thin_nbs[0], self.probe_interval_thin, self.probe_budget_thin):
             pick: int | None = thin_nbs[0]
-        elif st.since_probe >= self.probe_interval * scale and nbs:
+        elif nbs and due(nbs[0], self.probe_interval, self.probe_budget):
             nb = nbs[0]
             pick = nb if goodput[nb] >= (1.0 - self.probe_max_loss) * goodput[cur] else None
         else:

@@ -66,3 +66,37 @@ def test_ties_go_to_the_widest_draft() -> None:
     nearly_flat = np.array([90.0, 100.0, 100.2, 99.6, 99.3])  # k=8 within 1 % of the best
     picks = [pol.decide(1, nearly_flat, NOT_THIN) for _ in range(6)]
     assert picks[0] == 8 and set(picks) == {8}
+
+
+def test_exploration_budget_spaces_dear_probes() -> None:
+    """A CPU-like tier: plain decoding (k=0) is best and one draft step takes three
+    plain steps at 0.45x the goodput, so each probe of k=1 loses (1 - 0.45) x 3 = 1.65
+    plain steps' worth of tokens. With a 1% budget (5% while k=1 is thin) probes are
+    at least 165 (33) decisions apart; the intervals alone would probe every 16 (8)."""
+    cands = [0, 1, 2]
+    goodput = np.array([100.0, 45.0, 30.0])
+    step_time = np.array([1.0, 3.0, 5.0])
+
+    def run(thin: np.ndarray, budget: float, budget_thin: float, times: np.ndarray | None):
+        pol = TierPolicy(
+            cands, [1], probe_interval=16, probe_interval_thin=8, probe_max_loss=1.0,
+            probe_budget=budget, probe_budget_thin=budget_thin,
+        )  # fmt: skip
+        picks = [pol.decide(1, goodput, thin, times) for _ in range(1000)]
+        return sum(k != 0 for k in picks)
+
+    known, thin = np.zeros(3, dtype=bool), np.array([False, True, False])
+    assert run(known, 1.0, 1.0, step_time) == 1000 // 16  # no budget: the interval decides
+    assert run(known, 0.01, 0.05, step_time) == 1000 // 165
+    assert run(thin, 0.01, 0.05, step_time) == 1000 // 33
+    lost = run(thin, 0.01, 0.05, step_time) * 1.65
+    assert lost / 1000 <= 0.05  # the thin budget bounds what exploration loses
+    # without step times a probe counts as one step long: 0.55 lost -> 55 apart
+    assert run(known, 0.01, 0.05, None) == 1000 // 55
+    # a cheap probe (a GPU: 0.97x goodput, 1.05x time) is never held back
+    cheap = TierPolicy(cands, [1], probe_interval=16, probe_budget=0.01, probe_budget_thin=0.05)
+    picks = [
+        cheap.decide(1, np.array([100.0, 97.0, 90.0]), known, np.array([1.0, 1.05, 1.1]))
+        for _ in range(160)
+    ]
+    assert sum(k != 0 for k in picks) == 10

@@ -124,6 +124,7 @@ def test_adaptive_options_are_parsed_and_validated_by_the_controller_config():
         ({"SGLANG_SPEC_EXT_ADAPTIVE_DECAY": "2"}, "SGLANG_SPEC_EXT_ADAPTIVE_DECAY=2.0"),
         ({"SGLANG_SPEC_EXT_ADAPTIVE_CANDIDATE_KS": "a,b"}, "comma-separated integers"),
         ({"SGLANG_SPEC_EXT_ADAPTIVE_CALIBRATE": "perhaps"}, "a boolean"),
+        ({"SGLANG_SPEC_EXT_ADAPTIVE_PROBE_BUDGET": "0"}, "SGLANG_SPEC_EXT_ADAPTIVE_PROBE_BUDGET=0"),
         (
             {"SGLANG_SPEC_EXT_ADAPTIVE_NOPE": "1"},
             "unknown variable(s) SGLANG_SPEC_EXT_ADAPTIVE_NOPE",
