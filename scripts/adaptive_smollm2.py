@@ -1,8 +1,9 @@
 """Adaptive draft steps served on SmolLM2-135M-Instruct with a weak draft, SGLang CPU engine.
 
 STANDALONE with the 14 + 8-layer draft of ``build_truncated_draft``, chain drafts
-(topk 1), on six servers of one build: plain decoding, fixed 1, 2 and 3 draft steps,
-our goodput controller (``SGLANG_SPEC_EXT_ADAPTIVE=1``, steps 0..3; by default with
+(topk 1), on seven servers of one build: plain decoding, fixed 1, 2 and 3 draft steps,
+the speculative server pinned at zero steps (the adaptive servers' floor), our goodput
+controller (``SGLANG_SPEC_EXT_ADAPTIVE=1``, steps 0..3; by default with
 ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``, so zero steps is plain decoding) and the host's EMA
 policy driving the same runtime states (``SGLANG_SPEC_EXT_ADAPTIVE_POLICY=host-ema``:
 SGLang's ``AdaptiveSpeculativeParams`` with its default tiers capped at 3 steps; the
@@ -100,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     configs = {
         "plain": ([], {}),
         **{f"fixed {s}": ([*draft, *shape(s)], {}) for s in (1, 2, 3)},
+        # the speculative server pinned at zero steps: the floor of the adaptive servers
+        # (the host's zero-step path against a server without speculation)
+        "zero steps": ([*draft, *shape(3)], {**adaptive, "SGLANG_SPEC_EXT_ADAPTIVE_CANDIDATE_KS": "0"}),
         "controller": ([*draft, *shape(3)], adaptive),
         "host EMA": ([*draft, *shape(3)], {**adaptive, "SGLANG_SPEC_EXT_ADAPTIVE_POLICY": "host-ema"}),
     }  # fmt: skip

@@ -187,6 +187,55 @@ PRESETS["llama3-8b-h100-standalone-1b"] = PRESETS["llama3-8b-h100"].with_overrid
 )
 
 
+#: Device constants of the prior on a CPU (the SGLang CPU engine): ~20 GB/s of memory
+#: bandwidth, ~100 GFLOP/s, and tens of milliseconds of Python and scheduling per
+#: forward. Rough by design: calibration fits the rest; what matters is the shape (a
+#: draft forward costs a sizeable fraction of a target forward, and a small model is
+#: compute-bound after a few tokens).
+CPU_DEVICE: dict[str, float] = {
+    "mem_bw": 2.0e10,
+    "flops": 1.0e11,
+    "fixed_s": 20e-3,
+    "spec_fixed_s": 5e-3,
+    "draft_fixed_s": 10e-3,
+    "draft_s_per_req": 0.1e-3,
+}
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """What the served models weigh: parameters, bytes of weights and bytes of KV cache
+    per token (per GPU under tensor parallelism), target and draft."""
+
+    device: str
+    target_params: float
+    target_bytes: float
+    target_kv_bytes_per_token: float
+    draft_params: float = 0.0
+    draft_bytes: float = 0.0
+    draft_kv_bytes_per_token: float = 0.0
+
+
+def sized_prior(base: StepCostParams, sizes: ModelSizes) -> StepCostParams:
+    """``base`` (a preset) with the served models' sizes in place of the preset's, and a
+    CPU's device constants where ``sizes.device`` is ``"cpu"`` (GPUs keep the preset's:
+    calibration scales them to the device at hand). Attention FLOPs per context token
+    scale with the target's KV bytes (layers x KV heads x head dim)."""
+    kv_ratio = sizes.target_kv_bytes_per_token / base.kv_bytes_per_token
+    overrides: dict[str, float] = {
+        "weight_bytes": sizes.target_bytes,
+        "flops_per_token": 2.0 * sizes.target_params,
+        "kv_bytes_per_token": sizes.target_kv_bytes_per_token,
+        "attn_flops_per_ctx_token": base.attn_flops_per_ctx_token * kv_ratio,
+    }
+    if base.draft_weight_bytes > 0:  # model drafts: the draft's own sizes
+        overrides["draft_weight_bytes"] = sizes.draft_bytes
+        overrides["draft_kv_bytes_per_token"] = sizes.draft_kv_bytes_per_token
+    if sizes.device == "cpu":
+        overrides.update(CPU_DEVICE)
+    return base.with_overrides(**overrides)
+
+
 #: Bounds of a refit's multipliers, relative to the prior times the global time scale.
 _X_MIN, _X_MAX = 1e-3, 1e4
 #: Smallest ridge per coefficient (a coefficient no sample's time depends on).

@@ -28,7 +28,10 @@ states, never eagerly:
 Zero steps is the host's own zero-step path (a one-token verify). The host runs the
 draft extend there to keep the draft KV cache warm unless
 ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``; the cost model's prior follows that
-setting and calibrates the rest on the running server.
+setting. The prior is the draft kind's preset with the served models' sizes read
+from the host's model runners (weights, KV bytes per token; a CPU's device constants on
+the CPU engine) unless the user sets cost constants; calibration on the running server
+does the rest.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import Any
 
 from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
 from sglang_spec_ext.adaptive.config import CHAIN_DEFAULTS
+from sglang_spec_ext.adaptive.cost import CPU_DEVICE, PRESETS, ModelSizes, sized_prior
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -171,10 +175,14 @@ def _build_trees_at(worker: Any, widths: tuple[int, ...]) -> None:
 
 
 def controller_config(
-    kind: str, max_steps: int, verify_widths: tuple[int, ...] | None = None
+    kind: str,
+    max_steps: int,
+    verify_widths: tuple[int, ...] | None = None,
+    sizes: ModelSizes | None = None,
 ) -> AdaptiveConfig:
     """The controller config for a model draft of ``kind`` with at most ``max_steps``
-    (``verify_widths``: tree drafts, the verify width per step count)."""
+    (``verify_widths``: tree drafts, the verify width per step count; ``sizes``: the
+    served models, which replace the preset's where the user set no cost constants)."""
     from sglang_spec_ext.config import adaptive_config
     from sglang_spec_ext.sglang.server_args import plugin_config
 
@@ -186,6 +194,13 @@ def controller_config(
         overrides["candidate_ks"] = tuple(range(0, max_steps + 1))
     if "cost_preset" not in options:
         overrides["cost_preset"] = KIND_PRESETS.get(kind, KIND_PRESETS["standalone"])
+        sized_names = ("weight_bytes", "flops_per_token", "kv_bytes_per_token",
+                       "attn_flops_per_ctx_token", "draft_weight_bytes",
+                       "draft_kv_bytes_per_token", *CPU_DEVICE)  # fmt: skip
+        if sizes is not None and not any("cost_" + n in options for n in sized_names):
+            sized = sized_prior(PRESETS[overrides["cost_preset"]], sizes)
+            for name in sized_names:
+                overrides["cost_" + name] = getattr(sized, name)
     if verify_widths is not None:
         overrides["verify_widths"] = verify_widths
     if "cost_zero_step_draft" not in options:
@@ -202,6 +217,38 @@ def worker_kind(worker: Any) -> str:
     if algo is not None and algo.is_eagle3():
         return "eagle3"
     return "eagle"
+
+
+def _runner_sizes(runner: Any) -> tuple[float, float, float]:
+    """(parameters, weight bytes, KV bytes per token) of one host model runner."""
+    params = nbytes = 0.0
+    for p in runner.model.parameters():
+        params += p.numel()
+        nbytes += p.numel() * p.element_size()
+    mc = runner.model_config
+    kv_heads = mc.get_num_kv_heads(int(getattr(runner, "tp_size", 1) or 1))
+    itemsize = getattr(getattr(runner, "kv_cache_dtype", None), "itemsize", None) or 2
+    kv = float(mc.num_attention_layers * kv_heads * mc.head_dim * 2 * itemsize)
+    return params, nbytes, kv
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
+
+
+def model_sizes(worker: Any) -> ModelSizes | None:
+    """The served target's and draft's sizes, read from the host's model runners;
+    ``None`` (the preset stays) where a runner is not where SGLang 0.5.23 keeps it."""
+    try:
+        target = worker._target_worker.model_runner
+        draft = worker._draft_worker.draft_runner
+        t_params, t_bytes, t_kv = _runner_sizes(target)
+        d_params, d_bytes, d_kv = _runner_sizes(draft)
+        device = str(getattr(target, "device", "cuda"))
+    except Exception as exc:  # noqa: BLE001 - a missing attribute must not stop the server
+        logger.warning("sglang-spec-ext: model sizes unavailable (%s); preset cost prior", exc)
+        return None
+    return ModelSizes(device, t_params, t_bytes, t_kv, d_params, d_bytes, d_kv)
 
 
 def attach(worker: Any) -> GoodputStepPolicy | None:
@@ -252,18 +299,24 @@ def attach(worker: Any) -> GoodputStepPolicy | None:
             ema.candidate_steps,
         )
         return ema
+    sizes = model_sizes(worker)
+    sized = "" if sizes is None else (
+        f" with the served models' sizes (target {_size(sizes.target_bytes)}, draft "
+        f"{_size(sizes.draft_bytes)}{', CPU device constants' if sizes.device == 'cpu' else ''})"
+    )  # fmt: skip
     policy = GoodputStepPolicy(
-        AdaptiveController(controller_config(kind, max_steps, widths)),
+        AdaptiveController(controller_config(kind, max_steps, widths, sizes)),
         log_interval_s=config.stats_log_interval_s,
     )
     worker.adaptive_controller = HostAdaptiveController(worker, policy)
     logger.info(
         "sglang-spec-ext adaptive steps on %s (%s draft): step counts %s chosen per batch "
-        "size from expected committed tokens per second (cost prior %s)",
+        "size from expected committed tokens per second (cost prior %s%s)",
         type(worker).__name__,
         kind,
         policy.candidate_steps,
         policy.controller.config.cost_preset,
+        sized,
     )
     return policy
 

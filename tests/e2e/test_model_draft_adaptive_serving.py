@@ -15,12 +15,14 @@ import pytest
 from sglang_spec_ext.sglang.model_draft_adaptive import STEPS_LOG_MARK
 from tests.e2e.test_standalone_serving import TOPK1, TOPK2, _cases, _greedy
 
-#: Short patience and frequent probes so step counts really change within the test;
-#: a log line with the chosen step counts every decode step.
+#: Short patience and frequent probes (no exploration budget) so step counts really
+#: change within the test; a log line with the chosen step counts every decode step.
 ADAPTIVE_ENV = {
     "SGLANG_SPEC_EXT_ADAPTIVE": "1",
     "SGLANG_SPEC_EXT_ADAPTIVE_SWITCH_PATIENCE": "2",
     "SGLANG_SPEC_EXT_ADAPTIVE_PROBE_INTERVAL": "4",
+    "SGLANG_SPEC_EXT_ADAPTIVE_PROBE_BUDGET": "1",
+    "SGLANG_SPEC_EXT_ADAPTIVE_PROBE_BUDGET_THIN": "1",
     "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0",
 }
 
@@ -63,6 +65,8 @@ def _check(base, spec, tok, name):
     assert got == want, f"{name}: output differs under concurrency"
     log = spec.log_path.read_text(errors="replace")
     assert "sglang-spec-ext adaptive steps on" in log
+    # the cost prior carries the served models' sizes, read from the real host's runners
+    assert "with the served models' sizes" in log and "CPU device constants" in log
     used = _steps_used(spec)
     print(f"\n{name}: draft steps chosen per batch-size tier: {used}")
     assert 1 in used, "no decisions logged at batch size 1"

@@ -200,3 +200,22 @@ def test_chain_acceptance_counts_trials_and_successes_per_depth():
     assert chain.evidence(0) == float("inf") and chain.evidence(2) == pytest.approx(3)
     chain.observe(1, [1, 1])  # a 1-step chain says nothing about depth 2
     np.testing.assert_allclose(chain.trials, [6, 3, 2])
+
+
+def test_cost_prior_takes_the_served_model_sizes_unless_the_user_set_constants(monkeypatch):
+    from sglang_spec_ext.adaptive.cost import CPU_DEVICE, ModelSizes
+
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
+    sizes = ModelSizes("cpu", 1.35e8, 5.4e8, 92160.0, 1.0e8, 4.0e8, 67584.0)
+    params = mda.controller_config("standalone", 3, None, sizes).cost_params()
+    assert params.weight_bytes == 5.4e8 and params.draft_weight_bytes == 4.0e8
+    assert params.flops_per_token == 2.7e8 and params.fixed_s == CPU_DEVICE["fixed_s"]
+    monkeypatch.setenv(mda.SKIP_ZERO_STEP_ENV, "1")  # zero steps = plain decoding
+    fresh = AdaptiveController(mda.controller_config("standalone", 3, None, sizes))
+    assert fresh.choose_k(1) == 0  # a draft step costs 1.7 plain steps there: not worth it
+    monkeypatch.delenv(mda.SKIP_ZERO_STEP_ENV)
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE_COST_WEIGHT_BYTES", "1e9")
+    params = mda.controller_config("standalone", 3, None, sizes).cost_params()
+    assert params.weight_bytes == 1e9 and params.draft_weight_bytes == 2.47e9  # preset kept
+    # a worker whose runners are not where the host keeps them: the preset, no failure
+    assert mda.model_sizes(StandInWorker()) is None

@@ -188,3 +188,25 @@ def test_cpu_shaped_times_extrapolate_to_unseen_batch_sizes() -> None:
         pred = model.predict(bs, [0, 1])
         assert pred[1] / pred[0] > 1.35, (bs, pred)  # truth 2.3x; the old fit said 1.03x
         assert 0.8 < pred[0] / truth(bs, 0) < 1.2
+
+
+def test_sized_prior_takes_the_served_models_and_a_cpus_constants() -> None:
+    from sglang_spec_ext.adaptive.cost import CPU_DEVICE, ModelSizes, sized_prior
+
+    base = PRESETS["llama3-8b-h100-standalone-1b"]
+    # Llama-3-8B with a 1B draft on a GPU: the preset itself
+    same = sized_prior(
+        base, ModelSizes("cuda", 8.03e9, 16.06e9, 131072.0, 1.235e9, 2.47e9, 32768.0)
+    )
+    np.testing.assert_allclose(same.coefficients(), base.coefficients(), rtol=1e-9)
+    # SmolLM2-135M in fp32 with a 100M draft on the CPU engine: the prior no longer says
+    # draft steps are free, so a fresh controller's first choice at batch 1 is zero
+    # steps (the H100/8B prior starts at a draft step that costs 2-3 plain steps there)
+    cpu = sized_prior(base, ModelSizes("cpu", 1.35e8, 5.4e8, 92160.0, 1.0e8, 4.0e8, 67584.0))
+    assert cpu.mem_bw == CPU_DEVICE["mem_bw"] and cpu.weight_bytes == 5.4e8
+    t = step_time(cpu.with_overrides(zero_step_draft=0.0), 1, [0, 1, 2])
+    assert t[1] / t[0] > 1.5 and t[2] / t[0] > 2.0
+    assert step_time(base, 1, 1)[0] / step_time(base, 1, 0)[0] < 1.2
+    # model-free presets have no draft model to size
+    plain = sized_prior(PRESETS["llama3-8b-h100"], ModelSizes("cpu", 1.35e8, 5.4e8, 92160.0))
+    assert plain.draft_weight_bytes == 0.0
