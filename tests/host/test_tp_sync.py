@@ -19,8 +19,8 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 MAX_WIDTH = 8
-STEPS = 40
-BATCH_SIZES = [1, 1, 2, 4, 4, 4, 8, 8, 2, 1] * 4
+STEPS = 80
+BATCH_SIZES = [1, 1, 2, 4, 4, 4, 8, 8, 2, 1] * 8
 
 
 def _step_time(rank: int, width: int, bs: int) -> float:
