@@ -6,7 +6,7 @@ every fixed ``k``, plain decoding (``k = 0``) and the host's own EMA policy
 (``sglang.srt.speculative.adaptive_spec_params.AdaptiveSpeculativeParams``, run through
 its real Python API; its chosen step count maps to ``k = steps``, a chain).
 
-Step times come from the ANALYTIC step-cost model (``sglang_spec_ext.adaptive.cost``,
+Step times come from the ANALYTIC step-cost model (``sglang_spec_ext.adaptive.prior``,
 default constants: Llama-3-8B bf16 on one H100 SXM). Nothing is measured on a GPU:
 the figures are a projection, labelled as such in the output. The simulation charges
 the analytic time (the "truth"); the controller's own cost model starts from a
@@ -18,7 +18,7 @@ steps. STANDALONE-shaped acceptance comes from the real proposals of a weak Smol
 draft stored in ``benchmarks/traces/hybrid/`` (``replay.table.model_draft_table``),
 charged as a Llama-3.2-1B draft of the 8B target; EAGLE-shaped acceptance is
 synthetic (``adaptive.synthetic`` profile ``eagle-chain``), charged as an EAGLE-3
-head. Each draft forward costs its weights and KV once (``adaptive.cost``); at zero
+head. Each draft forward costs its weights and KV once (``adaptive.prior``); at zero
 steps the host runs the draft extend (``--zero-step warm``, its default) unless
 ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` skips it (``--zero-step skip``). "plain"
 is a server without speculation (no draft model at all).
@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from sglang_spec_ext.adaptive.config import CHAIN_DEFAULTS, AdaptiveConfig
 from sglang_spec_ext.adaptive.controller import AdaptiveController
-from sglang_spec_ext.adaptive.cost import COEFF_NAMES, PRESETS, StepCostParams, step_time
+from sglang_spec_ext.adaptive.prior import COEFF_NAMES, PRESETS, StepCostParams, step_time
 from sglang_spec_ext.adaptive.simulator import (
     AcceptanceTable,
     ControllerPolicy,

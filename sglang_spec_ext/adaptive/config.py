@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from .cost import PRESETS, StepCostParams
+from .prior import PRESETS, StepCostParams
 
 
 def _fail(name: str, value: object, accepted: str) -> None:

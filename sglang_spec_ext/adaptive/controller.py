@@ -128,14 +128,19 @@ class AdaptiveController:
         self, batch_size: int, req_ids: Sequence[Hashable] | None = None
     ) -> np.ndarray:
         """Predicted committed tokens per second for each candidate k."""
+        return self._predict(batch_size, req_ids)[0]
+
+    def _predict(
+        self, batch_size: int, req_ids: Sequence[Hashable] | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(predicted goodput, predicted step time) per candidate k."""
         _check_bs(batch_size)
-        return self.expected_accept(batch_size, req_ids) / self.cost.predict(batch_size, self.ks)
+        step_time = self.cost.predict(batch_size, self.ks)
+        return self.expected_accept(batch_size, req_ids) / step_time, step_time
 
     def choose_k(self, batch_size: int, req_ids: Sequence[Hashable] | None = None) -> int:
         """The number of draft nodes per request to use for the next step."""
-        _check_bs(batch_size)
-        step_time = self.cost.predict(batch_size, self.ks)
-        goodput = self.expected_accept(batch_size, req_ids) / step_time
+        goodput, step_time = self._predict(batch_size, req_ids)
         k = self.policy.decide(batch_size, goodput, self.thin(batch_size), step_time)
         self._last = {
             "batch_size": batch_size,

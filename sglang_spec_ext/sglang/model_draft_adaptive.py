@@ -46,7 +46,7 @@ from typing import Any
 
 from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
 from sglang_spec_ext.adaptive.config import CHAIN_DEFAULTS
-from sglang_spec_ext.adaptive.cost import CPU_DEVICE, PRESETS, ModelSizes, sized_prior
+from sglang_spec_ext.adaptive.prior import PRESETS, SIZED_FIELDS, ModelSizes, sized_prior
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -194,12 +194,9 @@ def controller_config(
         overrides["candidate_ks"] = tuple(range(0, max_steps + 1))
     if "cost_preset" not in options:
         overrides["cost_preset"] = KIND_PRESETS.get(kind, KIND_PRESETS["standalone"])
-        sized_names = ("weight_bytes", "flops_per_token", "kv_bytes_per_token",
-                       "attn_flops_per_ctx_token", "draft_weight_bytes",
-                       "draft_kv_bytes_per_token", *CPU_DEVICE)  # fmt: skip
-        if sizes is not None and not any("cost_" + n in options for n in sized_names):
+        if sizes is not None and not any("cost_" + n in options for n in SIZED_FIELDS):
             sized = sized_prior(PRESETS[overrides["cost_preset"]], sizes)
-            for name in sized_names:
+            for name in SIZED_FIELDS:
                 overrides["cost_" + name] = getattr(sized, name)
     if verify_widths is not None:
         overrides["verify_widths"] = verify_widths

@@ -28,7 +28,7 @@ def adaptive_per_batch(
     """Per batch size: controller goodput, best fixed width and its goodput, and their
     ratio. Raises ``ImportError``/``ValueError`` when the adaptive package cannot run."""
     from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
-    from sglang_spec_ext.adaptive.cost import PRESETS, analytic_step_time
+    from sglang_spec_ext.adaptive.prior import PRESETS, analytic_step_time
     from sglang_spec_ext.adaptive.simulator import (
         AcceptanceTable,
         ControllerPolicy,

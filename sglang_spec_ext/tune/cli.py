@@ -70,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--cost-preset",
         default="llama3-8b-h100",
-        help="analytic model preset (sglang_spec_ext.adaptive.cost.PRESETS)",
+        help="analytic model preset (sglang_spec_ext.adaptive.prior.PRESETS)",
     )
     g.add_argument("--limit", type=int, help="only the first N trace records")
     g.add_argument("--set", dest="sets", action="append", help="only these trace sets")

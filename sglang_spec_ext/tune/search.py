@@ -13,7 +13,7 @@ Cost models (``cost`` is one verify step over one plain decode step at batch siz
 - ``linear``: ``cost(B, W) = 1 + alpha * B * (W - 1)``, every extra verified token
   costs ``alpha`` of a plain step (at ``B = 1``: ``1 + alpha * (W - 1)``).
 - ``analytic``: ``t(B, W - 1) / t(B, 0)`` of the roofline step-cost model of
-  ``sglang_spec_ext.adaptive.cost`` (a preset GPU/model; memory-bound decode, compute
+  ``sglang_spec_ext.adaptive.prior`` (a preset GPU/model; memory-bound decode, compute
   beyond the knee, per-step speculation overheads).
 
 Acceptance is taken from single-request replay (it does not depend on the batch);
@@ -76,7 +76,7 @@ class SearchSpace:
     spec_offset: list[float]
     min_token_prob: list[float]
     use_tree: list[bool] = field(default_factory=lambda: [True])
-    global_prompt_cap: list[int] = field(default_factory=lambda: [64])
+    global_prompt_cap: list[int] = field(default_factory=lambda: [PluginConfig().global_prompt_cap])
 
     def settings(self, include_default: bool = True) -> list[DraftSetting]:
         grid = itertools.product(
@@ -112,7 +112,7 @@ class AnalyticCost:
     name = "analytic"
 
     def __init__(self, preset: str = "llama3-8b-h100") -> None:
-        from sglang_spec_ext.adaptive.cost import PRESETS, analytic_step_time
+        from sglang_spec_ext.adaptive.prior import PRESETS, analytic_step_time
 
         if preset not in PRESETS:
             raise ValueError(f"unknown cost preset {preset!r}; choose from {sorted(PRESETS)}")

@@ -203,7 +203,7 @@ def test_chain_acceptance_counts_trials_and_successes_per_depth():
 
 
 def test_cost_prior_takes_the_served_model_sizes_unless_the_user_set_constants(monkeypatch):
-    from sglang_spec_ext.adaptive.cost import CPU_DEVICE, ModelSizes
+    from sglang_spec_ext.adaptive.prior import CPU_DEVICE, ModelSizes
 
     monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
     sizes = ModelSizes("cpu", 1.35e8, 5.4e8, 92160.0, 1.0e8, 4.0e8, 67584.0)

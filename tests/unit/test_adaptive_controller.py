@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
-from sglang_spec_ext.adaptive.cost import StepCostParams, analytic_step_time
+from sglang_spec_ext.adaptive.prior import StepCostParams, analytic_step_time
 
 TRUTH = StepCostParams().coefficients()
 

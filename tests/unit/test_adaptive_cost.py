@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang_spec_ext.adaptive.cost import (
+from sglang_spec_ext.adaptive.cost import StepCostModel
+from sglang_spec_ext.adaptive.prior import (
     COEFF_NAMES,
     PRESETS,
-    StepCostModel,
     StepCostParams,
     analytic_step_time,
     step_time,
@@ -191,7 +191,7 @@ def test_cpu_shaped_times_extrapolate_to_unseen_batch_sizes() -> None:
 
 
 def test_sized_prior_takes_the_served_models_and_a_cpus_constants() -> None:
-    from sglang_spec_ext.adaptive.cost import CPU_DEVICE, ModelSizes, sized_prior
+    from sglang_spec_ext.adaptive.prior import CPU_DEVICE, ModelSizes, sized_prior
 
     base = PRESETS["llama3-8b-h100-standalone-1b"]
     # Llama-3-8B with a 1B draft on a GPU: the preset itself
