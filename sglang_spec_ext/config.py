@@ -373,7 +373,7 @@ def _adaptive_fields() -> dict[str, Any]:
 
 
 #: Controller options whose default is None and whose value is a tuple of integers.
-_OPTIONAL_TUPLES = frozenset({"verify_widths"})
+_OPTIONAL_TUPLES = frozenset({"verify_widths", "pinned_ks"})
 
 
 def _parse_adaptive(name: str, default: Any, raw: Any, source: str) -> Any:

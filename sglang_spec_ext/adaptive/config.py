@@ -60,6 +60,10 @@ class AdaptiveConfig:
     candidate_ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
     max_k: int = 32  # cap (host verify width - 1); larger candidates are dropped
     tiers: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # batch-size tiers
+    # per tier (in the order of ``tiers``): a k to use there always (a candidate by
+    # that), -1 = the controller chooses; hand-set tiers as the host's EMA has them
+    # (benchmarks, known optima)
+    pinned_ks: tuple[int, ...] | None = None
     # "tree": k draft nodes of a best-first tree (model-free drafts); "chain": k draft
     # steps of a topk-1 model draft (acceptance per depth, adaptive/chain.py)
     draft_shape: str = "tree"
@@ -123,6 +127,19 @@ class AdaptiveConfig:
         if not any(k <= self.max_k for k in self.candidate_ks):
             _fail("candidate_ks", self.candidate_ks, f"at least one value <= max_k={self.max_k}")
         _check_int_tuple("tiers", self.tiers, 1, 1 << 20)
+        if self.pinned_ks is not None:
+            ok = isinstance(self.pinned_ks, tuple) and len(self.pinned_ks) == len(self.tiers)
+            ok = ok and all(
+                isinstance(k, int) and not isinstance(k, bool) and -1 <= k <= self.max_k
+                for k in self.pinned_ks
+            )
+            if not ok:
+                _fail(
+                    "pinned_ks",
+                    self.pinned_ks,
+                    f"one k per tier ({len(self.tiers)} values), each -1 (the controller "
+                    f"chooses) or a k in [0, max_k={self.max_k}]",
+                )
         if self.draft_shape not in ("tree", "chain"):
             _fail("draft_shape", self.draft_shape, "'tree' or 'chain'")
         if self.verify_widths is not None:
@@ -177,8 +194,16 @@ class AdaptiveConfig:
 
     @property
     def ks(self) -> tuple[int, ...]:
-        """Sorted, de-duplicated candidates capped by ``max_k``."""
-        return tuple(sorted({k for k in self.candidate_ks if k <= self.max_k}))
+        """Sorted, de-duplicated candidates capped by ``max_k``, pinned ones included."""
+        ks = {k for k in self.candidate_ks if k <= self.max_k}
+        return tuple(sorted(ks | set(self.pinned().values())))
+
+    def pinned(self) -> dict[int, int]:
+        """Tier -> the ``k`` pinned there (``pinned_ks``; tiers left to the controller
+        are absent)."""
+        if self.pinned_ks is None:
+            return {}
+        return {t: k for t, k in zip(self.tiers, self.pinned_ks, strict=True) if k >= 0}
 
     def cost_params(self) -> StepCostParams:
         """The analytic prior: the preset with the ``cost_*`` overrides applied."""

@@ -75,6 +75,7 @@ class AdaptiveController:
             probe_backoff=cfg.probe_backoff,
             probe_budget=cfg.probe_budget,
             probe_budget_thin=cfg.probe_budget_thin,
+            pinned=cfg.pinned(),
         )
         self.paired = PairedProbes(decay=cfg.decay)
         self.chain = (

@@ -21,6 +21,8 @@ Each tier (the largest configured tier ``<= batch size``) keeps its own current 
   The cost is bounded: ``probe_max_loss / probe_interval`` of goodput for well-known
   widths, and while a neighbour is thin one step in ``probe_interval_thin``, which
   lasts only until the caller's thresholds are met (a handful of probes);
+* **pinned tiers**: a tier given a fixed ``k`` (``pinned``) always gets it: no
+  hysteresis, no probes;
 * **exploration budget**: where a probe is dear (a CPU, where one draft step costs as
   much as the target forward, so a probe can take three plain steps), the intervals
   stretch so that probes lose at most ``probe_budget`` of the tier's time
@@ -69,6 +71,7 @@ class TierPolicy:
         probe_backoff: int = 0,
         probe_budget: float = 1.0,
         probe_budget_thin: float = 1.0,
+        pinned: dict[int, int] | None = None,
     ) -> None:
         self.candidates = np.array(sorted(set(int(k) for k in candidates)), dtype=np.int64)
         self.tiers = np.array(sorted(set(int(t) for t in tiers)), dtype=np.int64)
@@ -84,6 +87,14 @@ class TierPolicy:
         self.probe_budget = probe_budget
         self.probe_budget_thin = probe_budget_thin
         self.states = [TierState() for _ in self.tiers]
+        pinned = pinned or {}
+        if any(k not in self.candidates for k in pinned.values()):
+            raise ValueError(f"pinned={pinned!r}: every k must be a candidate")
+        # index into candidates per tier index, None = chosen
+        self.pinned = [
+            None if int(t) not in pinned else int(np.searchsorted(self.candidates, pinned[int(t)]))
+            for t in self.tiers
+        ]
 
     def tier_index(self, batch_size: int) -> int:
         return max(0, int(np.searchsorted(self.tiers, batch_size, side="right")) - 1)
@@ -106,8 +117,13 @@ class TierPolicy:
         ``step_time``: predicted step time per candidate (prices probes; without it a
         probe step is taken to last as long as a current one).
         """
-        st = self.states[self.tier_index(batch_size)]
+        ti = self.tier_index(batch_size)
+        st = self.states[ti]
         st.decisions += 1
+        pin = self.pinned[ti]
+        if pin is not None:
+            st.current = pin
+            return int(self.candidates[pin])
         top = float(np.max(goodput))
         # ties (within ``tie``) go to the largest k: with nested drafts a wider one never
         # accepts less, so a negligible predicted difference favours it

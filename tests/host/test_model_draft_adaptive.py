@@ -219,3 +219,25 @@ def test_cost_prior_takes_the_served_model_sizes_unless_the_user_set_constants(m
     assert params.weight_bytes == 1e9 and params.draft_weight_bytes == 2.47e9  # preset kept
     # a worker whose runners are not where the host keeps them: the preset, no failure
     assert mda.model_sizes(StandInWorker()) is None
+
+
+def test_pinned_tiers_drive_the_host_controller(monkeypatch):
+    """SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS through attach and the host's controller:
+    batch 1 always runs 3 steps, batch 2+ zero, whatever the verify reports say."""
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE_TIERS", "1,2")
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS", "3,0")
+    worker = StandInWorker(steps=3)
+    policy = mda.attach(worker)
+    host = worker.adaptive_controller
+    host.register(_state(3))  # what the host's init_cuda_graphs does after our hook
+    host.init_states(cuda_graph_bs=None)
+    for bs, want, accepted in ((1, 3, 0), (2, 0, 0), (5, 0, 0), (1, 3, 3)):
+        for _ in range(50):
+            host.activate_step_by_batch(bs)
+            assert worker.speculative_num_steps == want
+            host.on_verify_complete([accepted] * bs, batch_size=bs)
+    assert policy.controller.config.pinned() == {1: 3, 2: 0}
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS", "4,0")  # above the server's 3
+    with pytest.raises(ValueError, match="pinned_ks"):
+        mda.attach(StandInWorker(steps=3))

@@ -100,3 +100,15 @@ def test_exploration_budget_spaces_dear_probes() -> None:
         for _ in range(160)
     ]
     assert sum(k != 0 for k in picks) == 10
+
+
+def test_pinned_tier_keeps_its_k_and_never_probes() -> None:
+    """A pinned tier returns its k whatever the predictions (no switch, no probe,
+    even of a thin neighbour); the other tiers still choose."""
+    pol = TierPolicy(CANDS, [1, 8], probe_interval=2, probe_interval_thin=1, pinned={8: 2})
+    best_at_8 = np.array([1.0, 1.0, 1.0, 48.0, 50.0])
+    all_thin = np.ones(len(CANDS), dtype=bool)
+    assert {pol.decide(10, best_at_8, all_thin) for _ in range(100)} == {2}
+    assert pol.states[1].probes == 0 and pol.states[1].switches == 0
+    picks = [pol.decide(1, best_at_8, NOT_THIN) for _ in range(20)]
+    assert picks.count(8) >= 5 and 4 in picks  # tier 1: its own choice, and probes

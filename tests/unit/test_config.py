@@ -160,3 +160,21 @@ def test_adaptive_variables_named_in_readme_exist():
     cited = set(re.findall(r"SGLANG_SPEC_EXT_ADAPTIVE_([A-Z][A-Z_]*[A-Z])", readme)) - {"FIELD"}
     assert cited, "README cites no adaptive option"
     assert {c.lower() for c in cited} <= names, {c.lower() for c in cited} - names
+
+
+def test_pinned_ks_from_env():
+    """SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS: one k per tier, -1 left to the controller;
+    a pinned k is a candidate by that; bad values name the variable."""
+    from sglang_spec_ext.config import adaptive_config, load_config
+
+    env = {
+        "SGLANG_SPEC_EXT_ADAPTIVE_TIERS": "1,2,4",
+        "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "5,-1,0",
+    }
+    ac = adaptive_config(load_config(env), max_k=5)
+    assert ac.pinned() == {1: 5, 4: 0} and 5 in ac.ks
+    for bad in ("5,0", "1,x,0", "64,0,0", "-2,0,0"):
+        with pytest.raises(ConfigError, match="SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS"):
+            load_config({**env, "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": bad})
+    with pytest.raises(ValueError, match="max_k=3"):  # above the server's step count
+        adaptive_config(load_config(env), max_k=3)
