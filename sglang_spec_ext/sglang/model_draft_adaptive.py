@@ -306,14 +306,16 @@ def attach(worker: Any) -> GoodputStepPolicy | None:
         log_interval_s=config.stats_log_interval_s,
     )
     worker.adaptive_controller = HostAdaptiveController(worker, policy)
+    pinned = policy.controller.config.pinned()
     logger.info(
         "sglang-spec-ext adaptive steps on %s (%s draft): step counts %s chosen per batch "
-        "size from expected committed tokens per second (cost prior %s%s)",
+        "size from expected committed tokens per second (cost prior %s%s)%s",
         type(worker).__name__,
         kind,
         policy.candidate_steps,
         policy.controller.config.cost_preset,
         sized,
+        f"; pinned (tier: steps) {pinned}" if pinned else "",
     )
     return policy
 

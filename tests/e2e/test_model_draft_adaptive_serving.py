@@ -3,7 +3,8 @@
 tiny model as its own draft) and HYBRID (a 1-layer draft plus suffix drafts) switch
 draft step counts through the host's own per-step-count runtime states, and greedy
 output stays identical to plain serving at batch size 1 and under concurrency. The
-step counts chosen per batch-size tier are read back from the server log."""
+step counts chosen per batch-size tier are read back from the server log; the HYBRID
+server also pins its batch-4 tier at zero steps (``_PINNED_KS``), which the log must show."""
 
 from __future__ import annotations
 
@@ -27,10 +28,17 @@ ADAPTIVE_ENV = {
 }
 
 
-def _server(start_module_server, tiny_model_dir, algo, draft_dir):
+#: HYBRID also runs hand-set tiers: from batch 4 up it never drafts (pinned at zero).
+PINNED_ENV = {
+    "SGLANG_SPEC_EXT_ADAPTIVE_TIERS": "1,2,4",
+    "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "-1,-1,0",
+}
+
+
+def _server(start_module_server, tiny_model_dir, algo, draft_dir, env=None):
     return start_module_server(
         tiny_model_dir, "--speculative-algorithm", algo,
-        "--speculative-draft-model-path", str(draft_dir), *TOPK1, env=ADAPTIVE_ENV,
+        "--speculative-draft-model-path", str(draft_dir), *TOPK1, env={**ADAPTIVE_ENV, **(env or {})},
     )  # fmt: skip
 
 
@@ -41,7 +49,7 @@ def standalone_adaptive(tiny_model_dir, start_module_server):
 
 @pytest.fixture(scope="module")
 def hybrid_adaptive(tiny_model_dir, weak_draft_dir, start_module_server):
-    return _server(start_module_server, tiny_model_dir, "HYBRID", weak_draft_dir)
+    return _server(start_module_server, tiny_model_dir, "HYBRID", weak_draft_dir, PINNED_ENV)
 
 
 def _steps_used(server) -> dict[int, set[int]]:
@@ -80,6 +88,9 @@ def test_standalone_adaptive_steps_parity(tiny_baseline_server, standalone_adapt
 
 def test_hybrid_adaptive_steps_parity(tiny_baseline_server, hybrid_adaptive, tok):
     _check(tiny_baseline_server, hybrid_adaptive, tok, "HYBRID adaptive")
+    used = _steps_used(hybrid_adaptive)
+    assert used.get(4) == {0}, f"the tier pinned at zero steps chose {used.get(4)}"
+    assert "pinned (tier: steps) {4: 0}" in hybrid_adaptive.log_path.read_text(errors="replace")
 
 
 @pytest.mark.parametrize("algo", ["STANDALONE", "HYBRID"])

@@ -1,0 +1,166 @@
+"""What skipping the zero-step draft extend costs a request that later drafts again.
+
+SGLang's ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1`` makes zero draft steps plain
+decoding, but a request that lives through such steps keeps no draft KV for the tokens
+committed meanwhile, and drafts from zeroed top-k after an upshift ("cold recovery", the
+host's word). This script measures that on the SGLang CPU engine: SmolLM2-135M-Instruct
+with the 14 + 8-layer truncated draft (STANDALONE, topk 1, 3 steps), our controller with
+hand-set tiers (``SGLANG_SPEC_EXT_ADAPTIVE_TIERS=1,2``, ``_PINNED_KS=3,0``: three steps
+alone, zero steps with company). For each prompt (from the chat, code-edit and agentic
+traces in turn) a long request A runs
+
+* alone (three steps throughout: the undamaged acceptance), then
+* beside a short request B (the next prompt): zero steps while B lives, then three
+  steps alone,
+
+on two servers of one build that differ only in the flag: ``warm`` (the host default,
+the draft extend runs at zero steps) and ``skip``. A's decode steps after B finished
+(its verify steps minus B's) and the tokens they committed give A's accept length after
+the upshift; the two servers' outputs must be identical (greedy). Measured here; accept
+lengths do not depend on the device.
+
+    .venv/bin/python scripts/cold_recovery_smollm2.py [--prompts 16] [--long 128] [--short 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import signal
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from adaptive_smollm2 import shape  # noqa: E402
+from model_draft_smollm2 import run, serve  # noqa: E402
+
+from sglang_spec_ext.machine import machine_info  # noqa: E402
+from sglang_spec_ext.replay.trace import read_trace  # noqa: E402
+
+SKIP_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
+#: Prompt sources (SmolLM2 token ids), taken in turn.
+TRACE_SETS = ("chat", "code-edit", "agentic")
+
+
+def prompt_pool(n: int) -> list[list[int]]:
+    """``n`` distinct prompts, one from each trace set in turn."""
+    sets = [read_trace(REPO / f"benchmarks/traces/{name}.jsonl") for name in TRACE_SETS]
+    pool = [
+        list(rs[i].prompt_ids) for i in range(max(map(len, sets))) for rs in sets if i < len(rs)
+    ]
+    if n > len(pool):
+        raise SystemExit(f"--prompts {n}: the traces hold {len(pool)} prompts")
+    return pool[:n]
+
+
+def pair(server, a: list[int], b: list[int], long: int, short: int) -> tuple[dict, dict]:
+    """A (``long`` tokens) and B (``short`` tokens) sent together."""
+    with cf.ThreadPoolExecutor(2) as pool:
+        fa = pool.submit(run, server, [a], long)
+        fb = pool.submit(run, server, [b], short)
+        return fa.result()[0], fb.result()[0]
+
+
+def after_b(ra: dict, rb: dict) -> tuple[int, int]:
+    """(tokens, verify steps) of A after B finished: B's steps were shared ones."""
+    return ra["tokens"] - rb["verify_steps"], ra["verify_steps"] - rb["verify_steps"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=16, help="long requests (A) per server")
+    ap.add_argument("--long", type=int, default=128, help="A's max new tokens")
+    ap.add_argument("--short", type=int, default=32, help="B's max new tokens")
+    ap.add_argument("--json", default=str(REPO / "benchmarks/results/cold_recovery_smollm2.json"))
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    from sglang_spec_ext.demo_model import ensure_smollm2_dir, ensure_smollm2_draft
+
+    model = ensure_smollm2_dir()
+    weak = ensure_smollm2_draft()
+    pool = prompt_pool(args.prompts + 1)
+    cases = [(pool[i], pool[i + 1]) for i in range(args.prompts)]  # (A, B)
+    extra = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
+             str(weak), *shape(3)]  # fmt: skip
+    env = {"SGLANG_SPEC_EXT_ADAPTIVE": "1", "SGLANG_SPEC_EXT_ADAPTIVE_TIERS": "1,2",
+           "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "3,0"}  # fmt: skip
+    servers = {"warm": {}, "skip": {SKIP_ENV: "1"}}
+    rows: dict[str, list[dict]] = {}
+    bar = tqdm(total=len(servers) * len(cases), desc="servers x prompts", file=sys.stderr)
+    for name, flag in servers.items():
+        server = serve(model, extra, f"cold-{name}")
+        server.env.update({**env, **flag})
+        rows[name] = []
+        with server:
+            run(server, [pool[0][:8]], 4)  # warm-up
+            for a, b in cases:
+                alone = run(server, [a], args.long)[0]
+                ra, rb = pair(server, a, b, args.long, args.short)
+                rows[name].append({"alone": alone, "a": ra, "b": rb})
+                bar.update(1)
+    bar.close()
+
+    def totals(name: str) -> dict:
+        alone_tok = sum(r["alone"]["tokens"] for r in rows[name])
+        alone_steps = sum(r["alone"]["verify_steps"] for r in rows[name])
+        # pairs where A outlived B (an early end of A leaves nothing after B)
+        after = [x for x in (after_b(r["a"], r["b"]) for r in rows[name]) if x[1] > 0]
+        tok_after, steps_after = sum(t for t, _ in after), sum(s for _, s in after)
+        return {
+            "alone_accept_length": round(alone_tok / alone_steps, 3),
+            "after_zero_steps_accept_length": round(tok_after / steps_after, 3),
+            "a_tokens_after": tok_after,
+            "a_steps_after": steps_after,
+            "pairs_counted": len(after),
+            "shared_steps": sum(r["b"]["verify_steps"] for r in rows[name]),
+        }
+
+    summary = {name: totals(name) for name in servers}
+    same = all(
+        x[key]["output_ids"] == y[key]["output_ids"]
+        for x, y in zip(rows["warm"], rows["skip"], strict=True)
+        for key in ("alone", "a", "b")
+    )
+    skip, warm = summary["skip"], summary["warm"]
+    loss = 1 - (skip["after_zero_steps_accept_length"] - 1) / (
+        warm["after_zero_steps_accept_length"] - 1
+    )
+    report = {
+        "what": "accept length of a request after zero draft steps, with the zero-step draft "
+        "extend run (warm) or skipped (skip); SmolLM2-135M-Instruct target, 14+8-layer "
+        "truncated draft, STANDALONE 3 steps, SGLang CPU engine, greedy; measured",
+        "machine": machine_info(),
+        "parameters": {
+            "prompts": args.prompts,
+            "long": args.long,
+            "short": args.short,
+            "tiers": env["SGLANG_SPEC_EXT_ADAPTIVE_TIERS"],
+            "pinned_ks": env["SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS"],
+        },  # fmt: skip
+        "results": summary,
+        "skip_loses_of_accepted_drafts": round(loss, 3),
+        "outputs_identical": same,
+        "rows": rows,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    print("accept length (tokens per verify step) of the long request A; measured here")
+    print(f"{'server':<8}{'A alone':>10}{'A after zero steps':>20}{'A steps after':>15}")
+    for name, v in summary.items():
+        print(f"{name:<8}{v['alone_accept_length']:>10.3f}"
+              f"{v['after_zero_steps_accept_length']:>20.3f}{v['a_steps_after']:>15}")  # fmt: skip
+    print(f"skip loses {loss:.1%} of the drafts warm accepts after zero steps; "
+          f"outputs identical: {'yes' if same else 'NO'}")  # fmt: skip
+    print(f"JSON: {args.json}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
