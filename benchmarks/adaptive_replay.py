@@ -366,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--no-host-ema", action="store_true")
     ap.add_argument("--counterfactual", action="store_true", help="add controller+nested")
     ap.add_argument("--out", default=str(RESULTS / "adaptive_replay.json"))
-    ap.add_argument("--plot", default=str(RESULTS / "adaptive_replay.png"))
+    ap.add_argument("--plot", help="plot path (default: --out with .png; '' = none)")
     ap.add_argument("--check", action="store_true", help="exit 1 when a bar fails")
     ap.add_argument("--note", default="", help="free text stored in the JSON (provenance)")
     args = ap.parse_args(argv)
@@ -462,8 +462,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1, default=str) + "\n")
-    if args.plot:
-        plot(results, Path(args.plot))
+    plot_path = (
+        args.plot if args.plot is not None else args.out and str(Path(args.out).with_suffix(".png"))
+    )
+    if plot_path:
+        plot(results, Path(plot_path))
     print(format_table(results))
     print(f"\nbars ({'all hold' if all_ok else 'SOME FAIL'}): controller >= {BAR_FIXED:.0%} of best "
           f"fixed k, >= host EMA{'' if host_ema else ' (not run)'}, >= {BAR_PLAIN:.0%} of plain; {LABEL}")  # fmt: skip

@@ -60,12 +60,19 @@ ALGORITHMS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     # steps + 1 whatever --width says.
     "HYBRID-adaptive": (("--speculative-algorithm", "HYBRID", *CHAIN3), ADAPTIVE),
     "STANDALONE-adaptive": (("--speculative-algorithm", "STANDALONE", *CHAIN3), ADAPTIVE),
+    # hand-set tiers (3 steps alone, chosen at 2-3, none from 4 up) with the zero-step
+    # draft extend skipped: requests move between drafting and not as the load changes
+    # and draft from stale state after an upshift (cold recovery)
+    "STANDALONE-pinned-skip": (("--speculative-algorithm", "STANDALONE", *CHAIN3),
+                               {**ADAPTIVE, "SGLANG_SPEC_EXT_ADAPTIVE_TIERS": "1,2,4",
+                                "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "3,-1,0",
+                                "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}),
     # ... and over topk-4 trees (verify widths per step count up to --width)
     "HYBRID-tree-adaptive": (("--speculative-algorithm", "HYBRID", "--speculative-num-steps",
                               "3", "--speculative-eagle-topk", "4"), ADAPTIVE),
 }  # fmt: skip
 #: Algorithms with a model draft (the weak draft below), and those of them on chains.
-CHAINED = ("HYBRID-adaptive", "STANDALONE-adaptive")
+CHAINED = ("HYBRID-adaptive", "STANDALONE-adaptive", "STANDALONE-pinned-skip")
 MODEL_DRAFT = ("HYBRID", "HYBRID-tree-adaptive", *CHAINED)
 #: Our algorithms: penalty requests are refused (request_guard.py), the drafter reports
 #: its statistics.
