@@ -60,12 +60,12 @@ ALGORITHMS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     # steps + 1 whatever --width says.
     "HYBRID-adaptive": (("--speculative-algorithm", "HYBRID", *CHAIN3), ADAPTIVE),
     "STANDALONE-adaptive": (("--speculative-algorithm", "STANDALONE", *CHAIN3), ADAPTIVE),
-    # hand-set tiers (3 steps alone, chosen at 2-3, none from 4 up) with the zero-step
-    # draft extend skipped: requests move between drafting and not as the load changes
-    # and draft from stale state after an upshift (cold recovery)
+    # hand-set tiers (3 steps below batch 8, none from 8 up) with the zero-step draft
+    # extend skipped: requests move between drafting and not as the load changes and
+    # draft from stale state after an upshift (cold recovery)
     "STANDALONE-pinned-skip": (("--speculative-algorithm", "STANDALONE", *CHAIN3),
-                               {**ADAPTIVE, "SGLANG_SPEC_EXT_ADAPTIVE_TIERS": "1,2,4",
-                                "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "3,-1,0",
+                               {**ADAPTIVE, "SGLANG_SPEC_EXT_ADAPTIVE_TIERS": "1,8",
+                                "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "3,0",
                                 "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}),
     # ... and over topk-4 trees (verify widths per step count up to --width)
     "HYBRID-tree-adaptive": (("--speculative-algorithm", "HYBRID", "--speculative-num-steps",
