@@ -143,11 +143,17 @@ def main(argv: list[str] | None = None) -> int:
             "short": args.short,
             "tiers": env["SGLANG_SPEC_EXT_ADAPTIVE_TIERS"],
             "pinned_ks": env["SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS"],
-        },  # fmt: skip
+        },
         "results": summary,
         "skip_loses_of_accepted_drafts": round(loss, 3),
         "outputs_identical": same,
-        "rows": rows,
+        "rows": {  # per request: tokens, verify steps, seconds (output ids compared above)
+            name: [
+                {key: {f: v for f, v in r.items() if f != "output_ids"} for key, r in case.items()}
+                for case in cases_rows
+            ]
+            for name, cases_rows in rows.items()
+        },
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
