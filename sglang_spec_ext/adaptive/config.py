@@ -127,19 +127,12 @@ class AdaptiveConfig:
         if not any(k <= self.max_k for k in self.candidate_ks):
             _fail("candidate_ks", self.candidate_ks, f"at least one value <= max_k={self.max_k}")
         _check_int_tuple("tiers", self.tiers, 1, 1 << 20)
-        if self.pinned_ks is not None:
-            ok = isinstance(self.pinned_ks, tuple) and len(self.pinned_ks) == len(self.tiers)
-            ok = ok and all(
-                isinstance(k, int) and not isinstance(k, bool) and -1 <= k <= self.max_k
-                for k in self.pinned_ks
-            )
-            if not ok:
-                _fail(
-                    "pinned_ks",
-                    self.pinned_ks,
-                    f"one k per tier ({len(self.tiers)} values), each -1 (the controller "
-                    f"chooses) or a k in [0, max_k={self.max_k}]",
-                )
+        if self.pinned_ks is not None:  # -1: the controller chooses at that tier
+            _check_int_tuple("pinned_ks", self.pinned_ks, -1, 1024)
+            if len(self.pinned_ks) != len(self.tiers):
+                _fail("pinned_ks", self.pinned_ks, f"one k per tier ({len(self.tiers)} values)")
+            if max(self.pinned_ks) > self.max_k:
+                _fail("pinned_ks", self.pinned_ks, f"each k <= max_k={self.max_k} or -1")
         if self.draft_shape not in ("tree", "chain"):
             _fail("draft_shape", self.draft_shape, "'tree' or 'chain'")
         if self.verify_widths is not None:
