@@ -13,13 +13,16 @@ traces in turn) a long request A runs
 * beside a short request B (the next prompt): zero steps while B lives, then three
   steps alone,
 
-on two servers of one build that differ only in the flag: ``warm`` (the host default,
-the draft extend runs at zero steps) and ``skip``. A's decode steps after B finished
-(its verify steps minus B's) and the tokens they committed give A's accept length after
-the upshift; the two servers' outputs must be identical (greedy). Measured here; accept
+on servers of one build that differ only in the flag: ``warm`` (the host default,
+the draft extend runs at zero steps), ``skip`` and ``repair`` (our draft-KV repair:
+skip, then rebuild the skipped draft KV when the request drafts again;
+``sglang/draft_kv_repair.py``); ``--servers`` picks them (warm always). A's decode
+steps after B finished (its verify steps minus B's) and the tokens they committed give
+A's accept length after the upshift; the servers' outputs must be identical (greedy). Measured here; accept
 lengths do not depend on the device.
 
     .venv/bin/python scripts/cold_recovery_smollm2.py [--prompts 16] [--long 128] [--short 32]
+        [--servers warm,skip,repair]
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from sglang_spec_ext.machine import machine_info  # noqa: E402
 from sglang_spec_ext.replay.trace import read_trace  # noqa: E402
 
 SKIP_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
+#: Server name -> its flag: the host default, the host's skip, our repair (sets the skip).
+SERVERS = {"warm": {}, "skip": {SKIP_ENV: "1"}, "repair": {"SGLANG_SPEC_EXT_DRAFT_KV_REPAIR": "1"}}
 #: Prompt sources (SmolLM2 token ids), taken in turn.
 TRACE_SETS = ("chat", "code-edit", "agentic")
 
@@ -77,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=16, help="long requests (A) per server")
     ap.add_argument("--long", type=int, default=128, help="A's max new tokens")
     ap.add_argument("--short", type=int, default=32, help="B's max new tokens")
+    ap.add_argument(
+        "--servers", default="warm,skip,repair", help=f"comma list of {', '.join(SERVERS)}"
+    )
     ap.add_argument("--json", default=str(REPO / "benchmarks/results/cold_recovery_smollm2.json"))
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -91,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
              str(weak), *shape(3)]  # fmt: skip
     env = {"SGLANG_SPEC_EXT_ADAPTIVE": "1", "SGLANG_SPEC_EXT_ADAPTIVE_TIERS": "1,2",
            "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "3,0"}  # fmt: skip
-    servers = {"warm": {}, "skip": {SKIP_ENV: "1"}}
+    names = [n.strip() for n in args.servers.split(",") if n.strip()]
+    if "warm" not in names or any(n not in SERVERS for n in names):
+        raise SystemExit(f"--servers {args.servers}: warm plus any of {', '.join(SERVERS)}")
+    servers = {n: SERVERS[n] for n in names}
     rows: dict[str, list[dict]] = {}
     bar = tqdm(total=len(servers) * len(cases), desc="servers x prompts", file=sys.stderr)
     for name, flag in servers.items():
@@ -125,13 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     summary = {name: totals(name) for name in servers}
     same = all(
         x[key]["output_ids"] == y[key]["output_ids"]
-        for x, y in zip(rows["warm"], rows["skip"], strict=True)
+        for name in servers
+        for x, y in zip(rows["warm"], rows[name], strict=True)
         for key in ("alone", "a", "b")
     )
-    skip, warm = summary["skip"], summary["warm"]
-    loss = 1 - (skip["after_zero_steps_accept_length"] - 1) / (
-        warm["after_zero_steps_accept_length"] - 1
-    )
+    warm_gain = summary["warm"]["after_zero_steps_accept_length"] - 1
+    loss = {
+        name: round(1 - (v["after_zero_steps_accept_length"] - 1) / warm_gain, 3)
+        for name, v in summary.items()
+        if name != "warm"
+    }
     report = {
         "what": "accept length of a request after zero draft steps, with the zero-step draft "
         "extend run (warm) or skipped (skip); SmolLM2-135M-Instruct target, 14+8-layer "
@@ -145,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             "pinned_ks": env["SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS"],
         },
         "results": summary,
-        "skip_loses_of_accepted_drafts": round(loss, 3),
+        "loses_of_accepted_drafts_vs_warm": loss,
         "outputs_identical": same,
         "rows": {  # per request: tokens, verify steps, seconds (output ids compared above)
             name: [
@@ -162,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, v in summary.items():
         print(f"{name:<8}{v['alone_accept_length']:>10.3f}"
               f"{v['after_zero_steps_accept_length']:>20.3f}{v['a_steps_after']:>15}")  # fmt: skip
-    print(f"skip loses {loss:.1%} of the drafts warm accepts after zero steps; "
-          f"outputs identical: {'yes' if same else 'NO'}")  # fmt: skip
+    for name, lost in loss.items():
+        print(f"{name} loses {lost:.1%} of the drafts warm accepts after zero steps")
+    print(f"outputs identical: {'yes' if same else 'NO'}")
     print(f"JSON: {args.json}")
     return 0 if same else 1
 

@@ -162,6 +162,21 @@ FIELDS: tuple[Field, ...] = (
         0.0,
         86400.0,
     ),
+    Field(
+        "draft_kv_repair",
+        bool,
+        False,
+        "STANDALONE drafts: skip the draft extend at zero draft steps and rebuild the skipped "
+        "draft KV in one extend when a request drafts again (sglang/draft_kv_repair.py)",
+    ),
+    Field(
+        "draft_kv_repair_max_tokens",
+        int,
+        8192,
+        "most tokens one draft-KV repair forward recomputes (split over the requests)",
+        1,
+        1_000_000,
+    ),
     # Adaptive draft-width controller.
     Field("adaptive", bool, False, "choose the draft width per step from measured goodput"),
     Field(
@@ -280,6 +295,8 @@ class PluginConfig:
     backend: str = "auto"
     cpu_fallbacks: bool = True
     host_fixes: bool = True
+    draft_kv_repair: bool = False
+    draft_kv_repair_max_tokens: int = 8192
     stats_log_interval_s: float = 30.0
     adaptive: bool = False
     adaptive_policy: str = "goodput"
@@ -360,6 +377,12 @@ def load_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
             f"{_FIELD_BY_NAME['max_request_tokens'].env}={values['max_request_tokens']} is "
             f"invalid: expected at least {_FIELD_BY_NAME['max_depth'].env}="
             f"{values['max_depth']} (the per-request tree must hold one full match)"
+        )
+    if values["draft_kv_repair"] and not values["adaptive"]:
+        raise ConfigError(
+            f"{_FIELD_BY_NAME['draft_kv_repair'].env}=1 needs "
+            f"{_FIELD_BY_NAME['adaptive'].env}=1 (only the adaptive controller chooses zero "
+            "draft steps, the only steps the repair changes)"
         )
     options = _adaptive_options(env, file_values)
     return PluginConfig(**values, sources=sources, adaptive_options=options)

@@ -17,7 +17,8 @@ export :meth:`AdaptiveController.snapshot` to logs or metrics.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -27,6 +28,9 @@ from .config import AdaptiveConfig
 from .cost import StepCostModel
 from .paired import PairedProbes
 from .policy import TierPolicy
+
+#: Weight of each measured draft-KV repair in the learned scale on its prior time.
+REPAIR_RATE = 0.2
 
 __all__ = ["AdaptiveConfig", "AdaptiveController"]
 
@@ -92,6 +96,12 @@ class AdaptiveController:
         self._timed = np.zeros((len(self.policy.tiers), len(self.ks)))
         self.steps = 0
         self._last: dict[str, object] = {}
+        # draft-KV repair (zero steps skip the draft extend; the next drafting step
+        # rebuilds it): the prior's seconds for (tokens, requests) and a learned scale on
+        # it; None where there is no repair
+        self._repair_prior: Callable[[int, int], float] | None = None
+        self.repair_scale = 1.0
+        self._unwritten = (0, 0)  # (tokens, requests) left by zero steps since drafting
 
     def _per_request(self, req_ids: Sequence[Hashable] | None) -> bool:
         return req_ids is not None and self.config.per_request and len(req_ids) > 0
@@ -142,7 +152,13 @@ class AdaptiveController:
     def choose_k(self, batch_size: int, req_ids: Sequence[Hashable] | None = None) -> int:
         """The number of draft nodes per request to use for the next step."""
         goodput, step_time = self._predict(batch_size, req_ids)
-        k = self.policy.decide(batch_size, goodput, self.thin(batch_size), step_time)
+        upshift_s = self.predicted_repair_s()
+        k = self.policy.decide(
+            batch_size, goodput, self.thin(batch_size), step_time, upshift_s=upshift_s
+        )
+        if self._repair_prior is not None:
+            tokens, reqs = self._unwritten
+            self._unwritten = (tokens + batch_size, max(reqs, batch_size)) if k == 0 else (0, 0)
         self._last = {
             "batch_size": batch_size,
             "k": k,
@@ -218,6 +234,48 @@ class AdaptiveController:
         j = int(np.searchsorted(self.ks, k))
         if j < len(self.ks) and self.ks[j] == k:
             row[j] += 1.0
+
+    def expect_repairs(self, prior: Callable[[int, int], float]) -> None:
+        """Zero steps leave draft KV unwritten and the next drafting step rebuilds it
+        (the draft-KV repair): probes up from zero steps are priced with that rebuild,
+        ``prior(tokens, requests)`` seconds times a scale :meth:`observe_repair` learns.
+        The unwritten tokens are counted as batch size times zero steps since the last
+        drafting step (an overestimate where requests finish in between)."""
+        self._repair_prior = prior
+        self.repair_scale = 1.0
+
+    def predicted_repair_s(self) -> float:
+        """Seconds the next drafting step would spend on the repair (0 without one)."""
+        return self.predicted_repair_for(*self._unwritten)
+
+    def predicted_repair_for(self, tokens: int, requests: int) -> float:
+        """Seconds a repair of ``tokens`` tokens of ``requests`` requests takes."""
+        if self._repair_prior is None or tokens <= 0:
+            return 0.0
+        return self.repair_scale * float(self._repair_prior(tokens, max(1, requests)))
+
+    def observe_repair(self, tokens: int, requests: int, seconds: float) -> None:
+        """One measured repair: ``seconds`` spent rebuilding ``tokens`` tokens of
+        ``requests`` requests (a repair faster than nothing counts as free)."""
+        if self._repair_prior is None or tokens <= 0 or not math.isfinite(seconds):
+            return
+        prior = float(self._repair_prior(tokens, max(1, requests)))
+        if prior > 0:
+            ratio = max(0.0, float(seconds)) / prior
+            self.repair_scale += REPAIR_RATE * (ratio - self.repair_scale)
+
+    def observe_repair_step(
+        self, batch_size: int, k: int, seconds: float, tokens: int, requests: int
+    ) -> None:
+        """A measured step that also ran a repair: the time beyond the step's predicted
+        time is the repair's, and the time beyond the predicted repair the step's."""
+        if not math.isfinite(seconds):
+            return
+        repair_s = self.predicted_repair_for(tokens, requests)
+        step_s = float(self.cost.predict(batch_size, [k])[0])
+        self.observe_repair(tokens, requests, seconds - step_s)
+        if seconds - repair_s > 0:
+            self.observe_step_time(batch_size, k, seconds - repair_s)
 
     def forget_requests(self, req_ids: Sequence[Hashable]) -> None:
         """Drop per-request state of finished requests."""

@@ -109,13 +109,16 @@ class TierPolicy:
         goodput: np.ndarray,
         thin: np.ndarray,
         step_time: np.ndarray | None = None,
+        upshift_s: float = 0.0,
     ) -> int:
         """The ``k`` to use for this step.
 
         ``goodput``: predicted goodput per candidate; ``thin``: per candidate, whether
         its prediction still rests on too few observations (always worth a probe);
         ``step_time``: predicted step time per candidate (prices probes; without it a
-        probe step is taken to last as long as a current one).
+        probe step is taken to last as long as a current one); ``upshift_s``: seconds
+        the first step with ``k > 0`` pays on top after zero steps (the draft-KV
+        repair), charged to probes up from zero (needs ``step_time``).
         """
         ti = self.tier_index(batch_size)
         st = self.states[ti]
@@ -142,7 +145,7 @@ class TierPolicy:
                 self._switch(st, best)
         else:
             st.pending, st.pending_count = None, 0
-        probe = self._probe(st, goodput, thin, step_time)
+        probe = self._probe(st, goodput, thin, step_time, upshift_s)
         return int(self.candidates[st.current if probe is None else probe])
 
     @staticmethod
@@ -160,12 +163,24 @@ class TierPolicy:
         return 1 << min(3, st.probes_since_switch // self.probe_backoff)
 
     def _probe_loss(
-        self, cur: int, nb: int, goodput: np.ndarray, step_time: np.ndarray | None
+        self,
+        cur: int,
+        nb: int,
+        goodput: np.ndarray,
+        step_time: np.ndarray | None,
+        upshift_s: float = 0.0,
     ) -> float:
         """Predicted tokens a probe of ``nb`` loses, in current steps' worth."""
         ratio = float(goodput[nb]) / max(float(goodput[cur]), 1e-12)
         duration = 1.0 if step_time is None else float(step_time[nb] / step_time[cur])
-        return max(0.0, 1.0 - ratio) * duration
+        loss = max(0.0, 1.0 - ratio) * duration
+        if (
+            upshift_s > 0
+            and step_time is not None
+            and self.candidates[cur] == 0 < self.candidates[nb]
+        ):
+            loss += upshift_s / float(step_time[cur])  # plus the rebuild, in current steps
+        return loss
 
     def _probe(
         self,
@@ -173,6 +188,7 @@ class TierPolicy:
         goodput: np.ndarray,
         thin: np.ndarray,
         step_time: np.ndarray | None = None,
+        upshift_s: float = 0.0,
     ) -> int | None:
         if self.probe_interval <= 0:
             return None
@@ -186,7 +202,8 @@ class TierPolicy:
         scale = self._backoff(st)
 
         def due(nb: int, interval: int, budget: float) -> bool:
-            wait = max(interval * scale, self._probe_loss(cur, nb, goodput, step_time) / budget)
+            loss = self._probe_loss(cur, nb, goodput, step_time, upshift_s)
+            wait = max(interval * scale, loss / budget)
             return st.since_probe >= wait
 
         if thin_nbs and due(thin_nbs[0], self.probe_interval_thin, self.probe_budget_thin):

@@ -270,6 +270,20 @@ def analytic_step_time(
     return np.maximum(f_mem @ coeffs, f_comp @ coeffs)
 
 
+def draft_extend_time(params: StepCostParams, tokens: int, requests: int) -> float:
+    """Seconds of one prefill-shaped draft forward over ``tokens`` tokens of ``requests``
+    requests (the draft-KV repair after skipped zero steps): the draft's weights once and
+    each request's draft KV once, or its matmuls (2 FLOP per parameter, as many
+    parameters as bf16 weight bytes / 2) where those take longer."""
+    if tokens <= 0:
+        return 0.0
+    memory = (
+        params.draft_weight_bytes + requests * params.context_len * params.draft_kv_bytes_per_token
+    ) / params.mem_bw
+    compute = tokens * params.draft_weight_bytes / params.flops
+    return params.draft_fixed_s + max(memory, compute)
+
+
 def step_time(params: StepCostParams, bs: np.ndarray | int, k: np.ndarray | int) -> np.ndarray:
     """``t(bs, k)`` of the roofline formula for physical constants ``params``."""
     return analytic_step_time(params.coefficients(), bs, k, params.zero_step_draft)

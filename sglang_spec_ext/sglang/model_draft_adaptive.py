@@ -28,15 +28,18 @@ states, never eagerly:
 Zero steps is the host's own zero-step path (a one-token verify). The host runs the
 draft extend there to keep the draft KV cache warm unless
 ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``; the cost model's prior follows that
-setting. The prior is the draft kind's preset with the served models' sizes read
-from the host's model runners (weights, KV bytes per token; a CPU's device constants on
-the CPU engine) unless the user sets cost constants; calibration on the running server
-does the rest.
+setting; with ``SGLANG_SPEC_EXT_DRAFT_KV_REPAIR=1`` (``sglang/draft_kv_repair.py``) the
+extend is skipped and rebuilt when a request drafts again, and the controller prices
+that rebuild into probes up from zero steps. The prior is the draft kind's preset with
+the served models' sizes read from the host's model runners (weights, KV bytes per
+token; a CPU's device constants on the CPU engine) unless the user sets cost constants;
+calibration on the running server does the rest.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -46,7 +49,15 @@ from typing import Any
 
 from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
 from sglang_spec_ext.adaptive.config import CHAIN_DEFAULTS
-from sglang_spec_ext.adaptive.prior import PRESETS, SIZED_FIELDS, ModelSizes, sized_prior
+from sglang_spec_ext.adaptive.prior import (
+    PRESETS,
+    SIZED_FIELDS,
+    ModelSizes,
+    draft_extend_time,
+    sized_prior,
+)
+from sglang_spec_ext.sglang.draft_kv_repair import STATS as REPAIR_STATS
+from sglang_spec_ext.sglang.draft_kv_repair import announce_repair
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -89,6 +100,7 @@ class GoodputStepPolicy:
         self._log_interval_s = log_interval_s
         self._logged_at = clock()
         self._used: dict[int, Counter[int]] = {}
+        self._repairs_seen = (0, 0, 0)  # draft-KV (repairs, requests, tokens) at the last step
 
     # -- host protocol -------------------------------------------------------------
     @property
@@ -106,9 +118,18 @@ class GoodputStepPolicy:
         """Called by the host before each decode step: the step count to run."""
         now = self._clock()
         bs = int(batch_size)
+        # a step that rebuilt skipped draft KV (draft_kv_repair) did more than its steps:
+        # the controller splits its time between the two
+        seen = self._repairs_seen
+        self._repairs_seen = (REPAIR_STATS.repairs, REPAIR_STATS.requests, REPAIR_STATS.tokens)
         if self._last is not None:
             last_bs, last_k, start = self._last
-            if last_bs == bs:
+            if self._repairs_seen != seen:
+                if last_bs == bs:
+                    reqs = self._repairs_seen[1] - seen[1]
+                    tokens = self._repairs_seen[2] - seen[2]
+                    self.controller.observe_repair_step(bs, last_k, now - start, tokens, reqs)
+            elif last_bs == bs:
                 self.controller.observe_step_time(bs, last_k, now - start)
         if bs < 1:  # an idle batch: nothing to decide
             self._last = None
@@ -285,6 +306,8 @@ def attach(worker: Any) -> GoodputStepPolicy | None:
     )
 
     kind = worker_kind(worker)
+    if config.draft_kv_repair:
+        announce_repair(kind, config.draft_kv_repair_max_tokens)
     if config.adaptive_policy == "host-ema":
         ema = host_ema_policy(max_steps)
         worker.adaptive_controller = HostAdaptiveController(worker, ema)
@@ -306,6 +329,9 @@ def attach(worker: Any) -> GoodputStepPolicy | None:
         log_interval_s=config.stats_log_interval_s,
     )
     worker.adaptive_controller = HostAdaptiveController(worker, policy)
+    if config.draft_kv_repair:
+        prior = functools.partial(draft_extend_time, policy.controller.config.cost_params())
+        policy.controller.expect_repairs(prior)
     pinned = policy.controller.config.pinned()
     logger.info(
         "sglang-spec-ext adaptive steps on %s (%s draft): step counts %s chosen per batch "
@@ -358,16 +384,14 @@ def _prefill_hook(worker: Any, *args: Any, **kwargs: Any) -> None:
 
 def install_model_draft_adaptive() -> list[str]:
     """Register the two hooks (idempotent); return the installed name."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookType
 
-    new = False
-    for target, hook, hook_type in (
-        (INIT_TARGET, _init_cuda_graphs_hook, HookType.AROUND),
-        (PREFILL_TARGET, _prefill_hook, HookType.BEFORE),
-    ):
-        if not any(h is hook for _t, h, _s in HookRegistry._hooks.get(target, ())):
-            HookRegistry.register(target, hook, hook_type)
-            new = True
-    if new:
-        HookRegistry.apply_hooks()
+    from sglang_spec_ext.sglang.runtime_hooks import register_hooks_once
+
+    register_hooks_once(
+        [
+            (INIT_TARGET, _init_cuda_graphs_hook, HookType.AROUND),
+            (PREFILL_TARGET, _prefill_hook, HookType.BEFORE),
+        ]
+    )
     return ["model_draft_adaptive"]

@@ -10,6 +10,8 @@ Called by :func:`sglang_spec_ext.plugin.register` (so in every process SGLang's
   every host, switched by ``SGLANG_SPEC_EXT_HOST_FIXES`` (default on);
 * with ``SGLANG_SPEC_EXT_ADAPTIVE=1``, the goodput controller for model drafts
   (``sglang/model_draft_adaptive.py``): EAGLE, EAGLE3, STANDALONE and HYBRID step counts;
+  with ``SGLANG_SPEC_EXT_DRAFT_KV_REPAIR=1`` also the draft-KV repair for STANDALONE
+  drafts at zero steps (``sglang/draft_kv_repair.py``);
 * the pure-torch CPU kernel fallbacks, switched by ``SGLANG_SPEC_EXT_CPU_FALLBACKS``
   (default on). Each decides for itself whether the host needs it; on GPU hosts
   nothing is installed.
@@ -18,6 +20,7 @@ Called by :func:`sglang_spec_ext.plugin.register` (so in every process SGLang's
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from sglang_spec_ext.config import load_config
 
@@ -45,6 +48,12 @@ def install_runtime_hooks() -> list[str]:
         from sglang_spec_ext.sglang.model_draft_adaptive import install_model_draft_adaptive
 
         installed += install_model_draft_adaptive()
+    if config.draft_kv_repair:
+        from sglang_spec_ext.sglang.draft_kv_repair import install_draft_kv_repair
+
+        installed += install_draft_kv_repair(
+            config.draft_kv_repair_max_tokens, config.stats_log_interval_s
+        )
     if config.cpu_fallbacks:
         from sglang_spec_ext.sglang.cpu_fallbacks.install import install_cpu_fallbacks
 
@@ -60,3 +69,17 @@ def _install_cpu_draft_attention() -> list[str]:
     from sglang_spec_ext.sglang.draft_attention import install_draft_attention
 
     return install_draft_attention()
+
+
+def register_hooks_once(hooks: list[tuple[str, Any, Any]]) -> None:
+    """Register ``(target, hook, HookType)`` with SGLang's ``HookRegistry`` unless that
+    hook is already on that target, and apply them (idempotent across calls)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    new = False
+    for target, hook, hook_type in hooks:
+        if not any(h is hook for _t, h, _s in HookRegistry._hooks.get(target, ())):
+            HookRegistry.register(target, hook, hook_type)
+            new = True
+    if new:
+        HookRegistry.apply_hooks()

@@ -4,7 +4,9 @@ tiny model as its own draft) and HYBRID (a 1-layer draft plus suffix drafts) swi
 draft step counts through the host's own per-step-count runtime states, and greedy
 output stays identical to plain serving at batch size 1 and under concurrency. The
 step counts chosen per batch-size tier are read back from the server log; the HYBRID
-server also pins its batch-4 tier at zero steps (``_PINNED_KS``), which the log must show."""
+server also pins its batch-4 tier at zero steps (``_PINNED_KS``), which the log must show,
+and runs the draft-KV repair (``SGLANG_SPEC_EXT_DRAFT_KV_REPAIR``), whose counters the log
+must show without failures."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import concurrent.futures as cf
 
 import pytest
 
+from sglang_spec_ext.sglang.draft_kv_repair import STATS_LOG_MARK as REPAIR_MARK
 from sglang_spec_ext.sglang.model_draft_adaptive import STEPS_LOG_MARK
 from tests.e2e.test_standalone_serving import TOPK1, TOPK2, _cases, _greedy
 
@@ -28,10 +31,13 @@ ADAPTIVE_ENV = {
 }
 
 
-#: HYBRID also runs hand-set tiers: from batch 4 up it never drafts (pinned at zero).
+#: HYBRID also runs hand-set tiers: from batch 4 up it never drafts (pinned at zero),
+#: and with the draft-KV repair: those zero steps skip the draft extend, and a request
+#: that drafts again when the batch shrinks first rebuilds its skipped draft KV.
 PINNED_ENV = {
     "SGLANG_SPEC_EXT_ADAPTIVE_TIERS": "1,2,4",
     "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "-1,-1,0",
+    "SGLANG_SPEC_EXT_DRAFT_KV_REPAIR": "1",
 }
 
 
@@ -90,7 +96,14 @@ def test_hybrid_adaptive_steps_parity(tiny_baseline_server, hybrid_adaptive, tok
     _check(tiny_baseline_server, hybrid_adaptive, tok, "HYBRID adaptive")
     used = _steps_used(hybrid_adaptive)
     assert used.get(4) == {0}, f"the tier pinned at zero steps chose {used.get(4)}"
-    assert "pinned (tier: steps) {4: 0}" in hybrid_adaptive.log_path.read_text(errors="replace")
+    log = hybrid_adaptive.log_path.read_text(errors="replace")
+    assert "pinned (tier: steps) {4: 0}" in log
+    assert "draft-KV repair on" in log
+    repairs = [line.split(REPAIR_MARK, 1)[1] for line in log.splitlines() if REPAIR_MARK in line]
+    print(f"\nHYBRID draft-KV repair counters: {repairs[-1] if repairs else None}")
+    assert repairs, "no request drafted again after zero steps: the repair never ran"
+    last = dict(kv.split("=") for kv in repairs[-1].split())
+    assert int(last["requests"]) >= 1 and int(last["tokens"]) >= 2 and last["failures"] == "0"
 
 
 @pytest.mark.parametrize("algo", ["STANDALONE", "HYBRID"])

@@ -108,3 +108,39 @@ def test_config_helpers() -> None:
     names = AdaptiveConfig.env_var_names()
     assert names["switch_margin"] == "SGLANG_SPEC_EXT_ADAPTIVE_SWITCH_MARGIN"
     assert all(v.startswith("SGLANG_SPEC_EXT_ADAPTIVE_") for v in names.values())
+
+
+def test_expected_repairs_count_unwritten_tokens_and_learn_their_cost() -> None:
+    """With the draft-KV repair, the controller counts the tokens zero steps leave
+    without draft KV (batch size per zero step, reset by a drafting step), prices a
+    probe up from zero with the prior's time for rebuilding them, and learns a scale on
+    that prior from measured repairs."""
+    ctl = AdaptiveController(AdaptiveConfig(candidate_ks=(0, 1, 2), max_k=2))
+    ctl.observe_repair(100, 4, 1.0)  # no repair expected: ignored
+    assert ctl.predicted_repair_s() == 0.0
+
+    def prior(tokens: int, requests: int) -> float:
+        return 1e-3 + 1e-5 * tokens  # a fixed part (weights) and a part per token
+
+    ctl.expect_repairs(prior)
+    seen: list[float] = []
+
+    def decide(k: int):
+        return lambda *a, upshift_s=0.0, **kw: seen.append(upshift_s) or k
+
+    ctl.policy.decide = decide(0)  # type: ignore[method-assign]
+    for _ in range(3):
+        ctl.choose_k(64)
+    assert seen == pytest.approx([0.0, prior(64, 64), prior(128, 64)])
+    ctl.policy.decide = decide(1)  # type: ignore[method-assign]
+    ctl.choose_k(64)  # the drafting step rebuilds them
+    ctl.choose_k(64)
+    assert seen[-1] == 0.0
+    ctl.observe_repair(1000, 8, 2 * prior(1000, 8))  # twice the prior: moves 20% of the way
+    assert ctl.repair_scale == pytest.approx(1.2)
+    ctl.observe_repair(0, 0, 1.0)  # nothing rebuilt: ignored
+    ctl.observe_repair(10, 1, -1.0)  # faster than predicted by the step model: free
+    assert ctl.repair_scale == pytest.approx(0.96)
+    ctl.policy.decide = decide(0)  # type: ignore[method-assign]
+    ctl.choose_k(16)
+    assert ctl.predicted_repair_s() == pytest.approx(0.96 * prior(16, 16))

@@ -210,3 +210,17 @@ def test_sized_prior_takes_the_served_models_and_a_cpus_constants() -> None:
     # model-free presets have no draft model to size
     plain = sized_prior(PRESETS["llama3-8b-h100"], ModelSizes("cpu", 1.35e8, 5.4e8, 92160.0))
     assert plain.draft_weight_bytes == 0.0
+
+
+def test_draft_extend_time_reads_weights_once_and_is_compute_bound_when_long() -> None:
+    from sglang_spec_ext.adaptive.prior import PRESETS, draft_extend_time
+
+    p = PRESETS["llama3-8b-h100-standalone-1b"]
+    assert draft_extend_time(p, 0, 0) == 0.0
+    short = draft_extend_time(p, 8, 1)  # memory-bound: the draft's weights once
+    assert short == pytest.approx(
+        p.draft_fixed_s
+        + (p.draft_weight_bytes + p.context_len * p.draft_kv_bytes_per_token) / p.mem_bw
+    )
+    long = draft_extend_time(p, 100_000, 1)  # compute-bound: linear in tokens
+    assert long == pytest.approx(p.draft_fixed_s + 100_000 * p.draft_weight_bytes / p.flops)

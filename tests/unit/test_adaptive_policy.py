@@ -112,3 +112,26 @@ def test_pinned_tier_keeps_its_k_and_never_probes() -> None:
     assert pol.states[1].probes == 0 and pol.states[1].switches == 0
     picks = [pol.decide(1, best_at_8, NOT_THIN) for _ in range(20)]
     assert picks.count(8) >= 5 and 4 in picks  # tier 1: its own choice, and probes
+
+
+def test_the_upshift_rebuild_prices_probes_up_from_zero_steps_only() -> None:
+    """With the draft-KV repair, a probe up from zero steps also pays the rebuild of the
+    draft KV the zero steps skipped: 2 plain steps' worth here, on top of the probe's own
+    0.05 x 1.05, so at a 1% budget probes are 206 decisions apart, not 16.
+    A probe down from k=1 pays no rebuild."""
+    cands = [0, 1, 2]
+    step_time = np.array([1.0, 1.05, 1.1])
+    known = np.zeros(3, dtype=bool)
+
+    def probes(goodput: np.ndarray, upshift_s: float) -> int:
+        pol = TierPolicy(cands, [1], probe_interval=16, probe_budget=0.01, probe_max_loss=1.0)
+        return sum(
+            k != int(np.argmax(goodput))
+            for k in (pol.decide(1, goodput, known, step_time, upshift_s) for _ in range(1000))
+        )
+
+    at_zero = np.array([100.0, 95.0, 90.0])
+    assert probes(at_zero, 0.0) == 1000 // 16
+    assert probes(at_zero, 2.0) == 1000 // 206  # (2 + 0.0525) / 0.01 = 205.25 -> every 206th
+    at_one = np.array([95.0, 100.0, 90.0])  # drafting now: nothing to rebuild
+    assert probes(at_one, 2.0) == probes(at_one, 0.0)

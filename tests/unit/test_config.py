@@ -178,3 +178,19 @@ def test_pinned_ks_from_env():
             load_config({**env, "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": bad})
     with pytest.raises(ValueError, match="max_k=3"):  # above the server's step count
         adaptive_config(load_config(env), max_k=3)
+
+
+def test_draft_kv_repair_needs_the_adaptive_controller_and_a_sane_budget():
+    on = {"SGLANG_SPEC_EXT_DRAFT_KV_REPAIR": "1"}
+    with pytest.raises(ConfigError, match="DRAFT_KV_REPAIR=1 needs SGLANG_SPEC_EXT_ADAPTIVE=1"):
+        load_config(on)
+    cfg = load_config({**on, "SGLANG_SPEC_EXT_ADAPTIVE": "1"})
+    assert cfg.draft_kv_repair and cfg.draft_kv_repair_max_tokens == 8192
+    with pytest.raises(ConfigError, match="DRAFT_KV_REPAIR_MAX_TOKENS.*an integer in"):
+        load_config(
+            {
+                **on,
+                "SGLANG_SPEC_EXT_ADAPTIVE": "1",
+                "SGLANG_SPEC_EXT_DRAFT_KV_REPAIR_MAX_TOKENS": "0",
+            }
+        )

@@ -1,0 +1,141 @@
+"""The draft-KV repair's bookkeeping (sglang/draft_kv_repair.py) without a model: which
+positions a request recomputes, when a skipped step marks it, and that a failing repair
+switches itself off instead of failing the decode step. The batches and requests are
+stand-ins with the fields the hooks read (the real ScheduleBatch of a decode step needs
+model runners); the real repair forward runs in tests/e2e/test_model_draft_adaptive_serving.py
+(HYBRID's server) and scripts/cold_recovery_smollm2.py."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_spec_ext.sglang import draft_kv_repair as dkr
+from sglang_spec_ext.sglang import model_draft_adaptive as mda
+from tests.host.test_model_draft_adaptive import StandInWorker
+
+
+@pytest.fixture(autouse=True)
+def fresh_stats(monkeypatch):
+    monkeypatch.setattr(dkr, "STATS", dkr.RepairStats())
+
+
+def _req(prompt: int, output: int):
+    return SimpleNamespace(origin_input_ids=list(range(prompt)), output_ids=list(range(output)))
+
+
+def _batch(reqs, seq_lens, cpu_lens=True):
+    mode = SimpleNamespace(is_idle=lambda: False)
+    lens = torch.tensor(seq_lens)
+    return SimpleNamespace(
+        reqs=reqs, seq_lens=lens, seq_lens_cpu=lens if cpu_lens else None, forward_mode=mode
+    )
+
+
+def test_rows_cover_the_unwritten_positions_within_the_budget():
+    # marked at 40 with 50 positions: 40..49; unmarked: its last position only
+    assert dkr.plan_rows([40, None], [50, 30], [51, 31], 8192) == ([40, 29], [10, 1], [True, False])
+    # two marked requests share a budget of 8: the last 4 positions each, marks cleared
+    assert dkr.plan_rows([10, 0], [50, 20], [51, 21], 8) == ([46, 16], [4, 4], [True, True])
+    # committed tokens not seen yet (overlap): last position only, the mark stays
+    assert dkr.plan_rows([10], [50], [49], 8192) == ([49], [1], [False])
+    # a mark at or past the last position still recomputes that one
+    assert dkr.plan_rows([60], [50], [51], 8192) == ([49], [1], [True])
+
+
+def test_token_slices_cross_from_prompt_into_output():
+    req = SimpleNamespace(origin_input_ids=[10, 11, 12], output_ids=[20, 21])
+    assert dkr.known_len(req) == 5
+    assert dkr.token_slice(req, 1, 4) == [11, 12, 20]
+    assert dkr.token_slice(req, 3, 5) == [20, 21] and dkr.token_slice(req, 0, 2) == [10, 11]
+    assert dkr.token_slice(req, 2, 3) == [12] and dkr.token_slice(req, 4, 4) == []
+
+
+def test_a_skipped_step_marks_each_request_once_never_late(monkeypatch):
+    a, b = _req(30, 10), _req(5, 2)  # 40 and 7 tokens known to the scheduler
+    worker = SimpleNamespace()  # the hook reads nothing of the worker
+    dkr._mark_skipped(None, worker, _batch([a, b], [39, 6]))
+    assert (getattr(a, dkr.STALE_ATTR), getattr(b, dkr.STALE_ATTR)) == (39, 6)
+    a.output_ids.append(0)
+    dkr._mark_skipped(None, worker, _batch([a, b], [40, 7]))
+    assert getattr(a, dkr.STALE_ATTR) == 39  # the first unwritten position stays
+    # without CPU lengths (overlap), the mark backs off by one step's worth of tokens
+    monkeypatch.setattr(dkr, "max_steps", lambda: 3)  # --speculative-num-steps 3
+    c = _req(30, 10)
+    dkr._mark_skipped(None, worker, _batch([c], [41], cpu_lens=False))
+    assert getattr(c, dkr.STALE_ATTR) == 39 - 4
+    assert dkr.STATS.marked_steps == 3
+
+
+def test_a_failing_repair_is_logged_and_switches_off(monkeypatch, caplog):
+    def boom(*_a):
+        raise RuntimeError("no extend metadata")
+
+    monkeypatch.setattr(dkr, "_repair", boom)
+    draft_worker = SimpleNamespace(
+        speculative_algorithm=SimpleNamespace(is_standalone=lambda: True)
+    )
+    req = _req(8, 4)
+    setattr(req, dkr.STALE_ATTR, 5)
+    batch = _batch([req], [11])
+    with caplog.at_level(logging.ERROR, logger="sglang_spec_ext"):
+        assert dkr._repair_before_draft(draft_worker, batch) is None  # the step goes on
+    assert "draft-KV repair failed; switched off" in caplog.text
+    assert (dkr.STATS.failures, dkr.STATS.enabled) == (1, False)
+    monkeypatch.setattr(dkr, "_repair", lambda *_a: pytest.fail("ran while switched off"))
+    dkr._repair_before_draft(draft_worker, batch)
+
+
+def test_an_eagle_draft_is_not_repaired_and_attach_refuses_it(monkeypatch):
+    eagle = SimpleNamespace(speculative_algorithm=SimpleNamespace(is_standalone=lambda: False))
+    assert not dkr.repairable(eagle)
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
+    monkeypatch.setenv("SGLANG_SPEC_EXT_DRAFT_KV_REPAIR", "1")
+    with pytest.raises(dkr.DraftKVRepairError, match="DRAFT_KV_REPAIR=1 with a eagle draft"):
+        mda.attach(StandInWorker())  # no STANDALONE algorithm: an EAGLE worker
+
+
+def test_install_refuses_an_explicit_skip_flag_of_zero(monkeypatch):
+    monkeypatch.setenv(dkr.SKIP_ZERO_STEP_ENV, "0")
+    with pytest.raises(ValueError, match="unset SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"):
+        dkr.install_draft_kv_repair()
+
+
+def test_a_step_with_a_repair_is_reported_as_one(monkeypatch):
+    """The policy the host's controller asks (GoodputStepPolicy): when the draft-KV
+    repair ran during the last step, that step's time goes to the controller with the
+    repair's size (it splits it between step and repair), not as a plain step time."""
+    from tests.host.test_model_draft_adaptive import Clock, _policy
+
+    monkeypatch.setattr(mda, "REPAIR_STATS", dkr.STATS)
+    clock = Clock()
+    policy = _policy(clock=clock)
+    times, repairs = [], []
+    ctl = policy.controller
+    ctl.observe_step_time = lambda bs, k, dt: times.append((bs, k, dt))
+    ctl.observe_repair_step = lambda bs, k, dt, n, r: repairs.append((bs, k, dt, n, r))
+    k = policy.get_steps_for_batch(4)
+    dkr.STATS.repairs, dkr.STATS.requests, dkr.STATS.tokens = 1, 3, 120  # a repair ran
+    clock.t = 0.016
+    policy.get_steps_for_batch(4)
+    assert times == [] and repairs == [(4, k, pytest.approx(0.016), 120, 3)]
+    clock.t = 0.026
+    policy.get_steps_for_batch(4)  # no repair since: an ordinary step time
+    assert len(times) == 1 and len(repairs) == 1
+
+
+def test_the_controller_splits_a_repair_step_between_step_and_repair():
+    from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
+
+    ctl = AdaptiveController(AdaptiveConfig(candidate_ks=(0, 1), max_k=1))
+    ctl.expect_repairs(lambda tokens, requests: 1e-4 * tokens)
+    ctl.cost.predict = lambda bs, ks: np.full(len(ks), 0.010)
+    steps = []
+    ctl.observe_step_time = lambda bs, k, dt: steps.append(dt)
+    ctl.observe_repair_step(4, 1, 0.030, 100, 4)  # 10 ms step + a 20 ms repair (10 predicted)
+    assert ctl.repair_scale == pytest.approx(1.2)  # 2x the prior, 20% of the way
+    assert steps == [pytest.approx(0.020)]  # the time beyond the predicted repair
