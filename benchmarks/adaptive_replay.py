@@ -20,19 +20,25 @@ charged as a Llama-3.2-1B draft of the 8B target; EAGLE-shaped acceptance is
 synthetic (``adaptive.synthetic`` profile ``eagle-chain``), charged as an EAGLE-3
 head. Each draft forward costs its weights and KV once (``adaptive.prior``); at zero
 steps the host runs the draft extend (``--zero-step warm``, its default) unless
-``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` skips it (``--zero-step skip``). "plain"
-is a server without speculation (no draft model at all).
+``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` skips it (``--zero-step skip``; the replay
+keeps the trace's acceptance after an upshift, so it leaves out the cold recovery that
+costs on a server) or our draft-KV repair skips it and rebuilds the skipped draft KV at
+the first drafting step (``--zero-step repair``: that step is charged one prefill-shaped
+draft forward over every token committed at zero steps since, uncapped). "plain" is a
+server without speculation (no draft model at all).
 
     python benchmarks/adaptive_replay.py --synthetic          # generated tables
     python benchmarks/adaptive_replay.py                       # benchmarks/results/acceptance/*.jsonl
     python benchmarks/adaptive_replay.py --tables a.jsonl b.jsonl
     python benchmarks/adaptive_replay.py --model-drafts --zero-step skip
+    python benchmarks/adaptive_replay.py --model-drafts --zero-step repair
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import glob
 import json
 import logging
@@ -46,7 +52,13 @@ from tqdm import tqdm
 
 from sglang_spec_ext.adaptive.config import CHAIN_DEFAULTS, AdaptiveConfig
 from sglang_spec_ext.adaptive.controller import AdaptiveController
-from sglang_spec_ext.adaptive.prior import COEFF_NAMES, PRESETS, StepCostParams, step_time
+from sglang_spec_ext.adaptive.prior import (
+    COEFF_NAMES,
+    PRESETS,
+    StepCostParams,
+    draft_extend_time,
+    step_time,
+)
 from sglang_spec_ext.adaptive.simulator import (
     AcceptanceTable,
     ControllerPolicy,
@@ -151,7 +163,7 @@ def synthetic_tables(
 def truth_params(shape: str, zero_step: str = "warm") -> StepCostParams:
     """The step-cost truth of a draft shape (``zero_step``: model drafts only)."""
     params = PRESETS[SHAPE_PRESETS[shape]]
-    if shape != "suffix" and zero_step == "skip":
+    if shape != "suffix" and zero_step in ("skip", "repair"):
         params = params.with_overrides(zero_step_draft=0.0)
     return params
 
@@ -224,10 +236,20 @@ def run_set(
         return float(step_time(plain_truth, bs, 0)[0])
 
     cfg = controller_config(table, shape, zero_step)
+    repair = None
+    if shape != "suffix" and zero_step == "repair":
+        draft_truth = PRESETS[SHAPE_PRESETS[shape]]
+
+        def repair(tokens: int, requests: int) -> float:
+            return draft_extend_time(draft_truth, tokens, requests)
+
     out: dict[str, dict] = {}
     for bs in batch_sizes:
         policies: list[WidthPolicy] = [FixedPolicy(k) for k in cfg.ks]
-        policies.append(ControllerPolicy(AdaptiveController(cfg), "controller"))
+        controller = AdaptiveController(cfg)
+        if repair is not None:  # priced from the controller's own (wrong) prior
+            controller.expect_repairs(functools.partial(draft_extend_time, cfg.cost_params()))
+        policies.append(ControllerPolicy(controller, "controller"))
         if counterfactual:
             policies.append(
                 ControllerPolicy(AdaptiveController(cfg), "controller+nested", counterfactual=True)
@@ -240,7 +262,7 @@ def run_set(
         for pol in policies:
             res = replay(
                 table, bs, pol, true_cost, steps=steps, seed=seed,
-                noise=noise, outlier_rate=outlier_rate,
+                noise=noise, outlier_rate=outlier_rate, repair_cost=repair,
             )  # fmt: skip
             row[pol.name] = {
                 "goodput_tok_s": res.goodput,
@@ -352,9 +374,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
     ap.add_argument(
         "--zero-step",
-        choices=("warm", "skip"),
+        choices=("warm", "skip", "repair"),
         default="warm",
-        help="model drafts at zero steps: run the draft extend (host default) or skip it",
+        help="model drafts at zero steps: run the draft extend (host default), skip it, or "
+        "skip it and rebuild the draft KV at the next drafting step (draft-KV repair)",
     )
     ap.add_argument("--sets", help="comma-separated subset of the sets to run")
     ap.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))

@@ -35,7 +35,7 @@ class WidthPolicy(Protocol):
         batch_size: int,
         k: int,
         accepted: np.ndarray,
-        step_time_s: float,
+        step_time_s: float | None,
         req_ids: Sequence[Hashable],
         finished: Sequence[Hashable],
         within: Mapping[int, np.ndarray] | None = None,
@@ -124,8 +124,17 @@ def replay(
     noise: float = 0.05,
     outlier_rate: float = 0.01,
     outlier_factor: float = 3.0,
+    repair_cost: Callable[[int, int], float] | None = None,
 ) -> ReplayResult:
-    """Run ``steps`` steps at constant batch size ``batch_size`` (see module doc)."""
+    """Run ``steps`` steps at constant batch size ``batch_size`` (see module doc).
+
+    ``repair_cost(tokens, requests)``: zero steps leave the draft KV of the tokens they
+    commit unwritten, and the first step with ``k > 0`` after them is charged this much
+    more for rebuilding it (the draft-KV repair); a new request starts with none missing.
+    The policy gets no plain step time for a step with a repair (it is not the cost of
+    ``k`` alone) but the whole step's, with the repair's size, through
+    ``observe_repair_step`` where it has one, as the server's controller does.
+    """
     n_req = len(table.lengths)
     if n_req == 0:
         raise ValueError(f"set {table.set_name!r} has no requests")
@@ -139,6 +148,7 @@ def replay(
         ids.append(admitted)
         admitted += 1
     pos = np.full(batch_size, FIRST_POS, dtype=np.int64)
+    stale = np.zeros(batch_size, dtype=np.int64)  # tokens without draft KV, per slot
     cost_cache: dict[int, float] = {}
     tokens, seconds = 0, 0.0
     k_hist: dict[int, int] = {}
@@ -153,10 +163,22 @@ def replay(
         t = cost_cache.get(k)
         if t is None:
             t = cost_cache[k] = float(true_cost(batch_size, k))
-        seconds += t
-        measured = t * math.exp(rng.normal(0.0, noise))
+        measured: float | None = t * math.exp(rng.normal(0.0, noise))
         if rng.random() < outlier_rate:
             measured *= outlier_factor
+        if repair_cost is not None:
+            if k == 0:
+                stale += adv
+            elif stale.any():
+                n_stale, n_reqs = int(stale.sum()), int(np.count_nonzero(stale))
+                repair_t = float(repair_cost(n_stale, n_reqs))
+                t += repair_t
+                stale[:] = 0
+                measured = None
+                if hasattr(policy, "observe_repair_step"):
+                    total = t * math.exp(rng.normal(0.0, noise))
+                    policy.observe_repair_step(batch_size, k, total, n_stale, n_reqs)
+        seconds += t
         done = np.flatnonzero(pos >= lens)
         finished = [ids[s] for s in done.tolist()]
         within = None
@@ -170,6 +192,7 @@ def replay(
             rows[s] = pool[admitted % n_req]
             ids[s] = admitted
             pos[s] = FIRST_POS
+            stale[s] = 0
             admitted += 1
     return ReplayResult(policy.name, batch_size, steps, tokens, seconds, k_hist)
 
@@ -206,12 +229,17 @@ class ControllerPolicy:
     def choose(self, batch_size: int, req_ids: Sequence[Hashable]) -> int:
         return self.ctl.choose_k(batch_size, req_ids)  # type: ignore[attr-defined]
 
+    def observe_repair_step(
+        self, batch_size: int, k: int, seconds: float, tokens: int, requests: int
+    ) -> None:
+        self.ctl.observe_repair_step(batch_size, k, seconds, tokens, requests)  # type: ignore[attr-defined]
+
     def observe(
         self,
         batch_size: int,
         k: int,
         accepted: np.ndarray,
-        step_time_s: float,
+        step_time_s: float | None,
         req_ids: Sequence[Hashable],
         finished: Sequence[Hashable],
         within: Mapping[int, np.ndarray] | None = None,

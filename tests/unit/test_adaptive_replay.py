@@ -46,6 +46,48 @@ def test_token_accounting_on_a_handmade_table() -> None:
     assert r0.tokens == 21 and r0.goodput == 3.0  # plain decoding: one token per request
 
 
+def test_repair_cost_charges_the_first_drafting_step_after_zero_steps() -> None:
+    """``repair_cost``: each zero step leaves one token per request without draft KV;
+    the next step with k > 0 is charged for rebuilding them (and the policy gets no step
+    time for it, but the whole step's with the repair's size); refilled requests start
+    with nothing to rebuild."""
+    acc = [[0, min(1, 40 - p)] for p in range(41)]
+    table = AcceptanceTable.from_rows([{"set": "t", "ks": [0, 1], "accepted": acc}] * 3)
+
+    class Pattern:
+        name = "0,0,0,1"
+
+        def __init__(self) -> None:
+            self.i, self.times, self.repairs = 0, [], []
+
+        def choose(self, batch_size, req_ids):
+            self.i += 1
+            return 1 if self.i % 4 == 0 else 0
+
+        def observe(self, bs, k, accepted, step_time_s, ids, finished, within=None):
+            self.times.append(step_time_s)
+
+        def observe_repair_step(self, bs, k, seconds, tokens, requests):
+            self.repairs.append((bs, k, seconds, tokens, requests))
+
+    charged: list[tuple[int, int]] = []
+
+    def repair(tokens: int, requests: int) -> float:
+        charged.append((tokens, requests))
+        return 10.0
+
+    pol = Pattern()
+    r = replay(
+        table, 2, pol, lambda bs, k: 1.0, steps=8, noise=0.0, outlier_rate=0.0, repair_cost=repair
+    )
+    assert charged == [(6, 2), (6, 2)]  # 3 zero steps x 2 requests, twice
+    assert r.seconds == 8 * 1.0 + 2 * 10.0
+    assert pol.times[3] is None and pol.times[7] is None and pol.times[0] == 1.0
+    assert pol.repairs == [(2, 1, 11.0, 6, 2), (2, 1, 11.0, 6, 2)]  # step + repair time
+    r = replay(table, 2, FixedPolicy(0), lambda bs, k: 1.0, steps=8, repair_cost=repair)
+    assert len(charged) == 2 and r.seconds == 8.0  # never drafting: never repairing
+
+
 def test_plain_decoding_goodput_is_batch_over_step_time() -> None:
     table = AcceptanceTable.from_rows(generate("chat", 5, seed=0))
     r = replay(table, 16, FixedPolicy(0), lambda bs, k: 0.02, steps=50)
@@ -99,9 +141,9 @@ def test_benchmark_model_draft_mode_charges_draft_forwards(tmp_path: Path) -> No
     if not bench.host_ema_available():
         common.append("--no-host-ema")
     reports = {}
-    for zero in ("warm", "skip"):
+    for zero in ("warm", "skip", "repair"):
         out = tmp_path / f"{zero}.json"
-        no_plot = ["--plot", ""] if zero == "warm" else []  # skip: the plot follows --out
+        no_plot = [] if zero == "skip" else ["--plot", ""]  # skip: the plot follows --out
         reports[zero] = bench.main([*common, "--zero-step", zero, "--out", str(out), *no_plot])
     assert (tmp_path / "skip.png").stat().st_size > 10_000 and not (tmp_path / "warm.png").exists()
     warm, skip = reports["warm"]["results"], reports["skip"]["results"]
@@ -116,5 +158,13 @@ def test_benchmark_model_draft_mode_charges_draft_forwards(tmp_path: Path) -> No
             assert s["fixed k=0"]["goodput_tok_s"] == pytest.approx(s["plain"]["goodput_tok_s"])
             best = max(v["goodput_tok_s"] for n, v in w.items() if n.startswith("fixed"))
             assert w["controller"]["goodput_tok_s"] >= 0.95 * best, (set_name, bs)
+    # repair: zero steps are plain decoding there too, and the controller meets the
+    # plain bar where the draft extend at zero steps puts warm below it
+    repair = reports["repair"]["results"]
+    for set_name in repair:
+        for bs in ("1", "128"):
+            row = repair[set_name][bs]
+            assert row["fixed k=0"]["goodput_tok_s"] == pytest.approx(row["plain"]["goodput_tok_s"])
+            assert row["controller"]["goodput_tok_s"] >= 0.98 * row["plain"]["goodput_tok_s"]
     # the EAGLE-shaped head pays off at batch 1 with several steps
     assert warm["eagle3:synthetic"]["1"]["controller"]["mean_k"] > 3
