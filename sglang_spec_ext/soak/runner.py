@@ -27,6 +27,8 @@ FATAL_LOG_PATTERNS = (
     "KV double free",
     "use-after-free",
     "Received sigquit",
+    # not fatal to the server (the repair switches itself off), but the feature broke
+    "draft-KV repair failed",
 )
 #: The line the SUFFIX worker logs with its drafter statistics (JSON after the colon).
 DRAFTER_STATS_MARK = "sglang-spec-ext drafter stats: "
