@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long", type=int, default=128, help="A's max new tokens")
     ap.add_argument("--short", type=int, default=32, help="B's max new tokens")
     ap.add_argument(
+        "--topk", type=int, default=1, help="draft tree width (1: chains; >1: topk trees)"
+    )
+    ap.add_argument(
         "--servers", default="warm,skip,repair", help=f"comma list of {', '.join(SERVERS)}"
     )
     ap.add_argument("--json", default=str(REPO / "benchmarks/results/cold_recovery_smollm2.json"))
@@ -97,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(pool[i], pool[i + 1]) for i in range(args.prompts)]  # (A, B)
     extra = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
              str(weak), *shape(3)]  # fmt: skip
+    if args.topk > 1:  # trees of 3 steps, verifying up to 2 * topk tokens
+        extra[-3:] = [str(args.topk), "--speculative-num-draft-tokens", str(2 * args.topk)]
     env = {"SGLANG_SPEC_EXT_ADAPTIVE": "1", "SGLANG_SPEC_EXT_ADAPTIVE_TIERS": "1,2",
            "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "3,0"}  # fmt: skip
     names = [n.strip() for n in args.servers.split(",") if n.strip()]
@@ -157,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             "short": args.short,
             "tiers": env["SGLANG_SPEC_EXT_ADAPTIVE_TIERS"],
             "pinned_ks": env["SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS"],
+            "topk": args.topk,
         },
         "results": summary,
         "loses_of_accepted_drafts_vs_warm": loss,
