@@ -75,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument(
         "--zero-step",
-        choices=("skip", "warm"),
+        choices=("skip", "warm", "repair"),
         default="skip",
         help="adaptive servers at zero steps: skip the draft extend "
-        "(SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1, zero steps = plain decoding) or run it "
-        "(the host default: zero steps still pay a draft forward)",
+        "(SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1, zero steps = plain decoding), run it "
+        "(the host default: zero steps still pay a draft forward), or skip it and rebuild "
+        "the draft KV when a request drafts again (SGLANG_SPEC_EXT_DRAFT_KV_REPAIR=1)",
     )
     ap.add_argument("--json", default=str(REPO / "benchmarks/results/adaptive_smollm2.json"))
     args = ap.parse_args(argv)
@@ -98,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     adaptive = {"SGLANG_SPEC_EXT_ADAPTIVE": "1", "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "5"}
     if args.zero_step == "skip":
         adaptive["SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"] = "1"
+    elif args.zero_step == "repair":
+        adaptive["SGLANG_SPEC_EXT_DRAFT_KV_REPAIR"] = "1"
     configs = {
         "plain": ([], {}),
         **{f"fixed {s}": ([*draft, *shape(s)], {}) for s in (1, 2, 3)},

@@ -253,13 +253,17 @@ def _repair(draft_worker: Any, batch: Any, stale: list[int | None]) -> None:
     forward_batch.return_logprob = False
     logits = draft_worker.draft_runner.forward(forward_batch).logits_output.next_token_logits
     use_rs = host.get_spec().speculative_use_rejection_sampling
-    probs = host.renorm_draft_probs(logits, batch.sampling_info, use_rs)
+    if use_rs or draft_worker.topk > 1:
+        probs = host.renorm_draft_probs(logits, batch.sampling_info, use_rs)
     if use_rs:
         topk_p, topk_index = host.fast_sample(
             probs, num_samples=1, sampling_seed=batch.sampling_info.sampling_seed,
             positions=batch.seq_lens,
         )  # fmt: skip
         draft_input.draft_probs = probs
+    elif draft_worker.topk == 1:  # as the host's draft extend for decode: argmax, p = 1
+        topk_index = torch.argmax(logits, dim=-1, keepdim=True)
+        topk_p = torch.ones_like(topk_index, dtype=torch.float32)
     else:
         topk_p, topk_index = host.fast_topk(probs, draft_worker.topk, dim=-1)
     draft_input.topk_p = topk_p.to(draft_input.topk_p.dtype)
