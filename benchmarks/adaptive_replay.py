@@ -237,11 +237,8 @@ def run_set(
 
     cfg = controller_config(table, shape, zero_step)
     repair = None
-    if shape != "suffix" and zero_step == "repair":
-        draft_truth = PRESETS[SHAPE_PRESETS[shape]]
-
-        def repair(tokens: int, requests: int) -> float:
-            return draft_extend_time(draft_truth, tokens, requests)
+    if shape != "suffix" and zero_step == "repair":  # the draft constants of the truth
+        repair = functools.partial(draft_extend_time, truth)
 
     out: dict[str, dict] = {}
     for bs in batch_sizes:

@@ -18,8 +18,8 @@ the draft extend runs at zero steps), ``skip`` and ``repair`` (our draft-KV repa
 skip, then rebuild the skipped draft KV when the request drafts again;
 ``sglang/draft_kv_repair.py``); ``--servers`` picks them (warm always). A's decode
 steps after B finished (its verify steps minus B's) and the tokens they committed give
-A's accept length after the upshift; the servers' outputs must be identical (greedy). Measured here; accept
-lengths do not depend on the device.
+A's accept length after the upshift; the servers' outputs must be identical (greedy).
+Measured here; accept lengths do not depend on the device.
 
     .venv/bin/python scripts/cold_recovery_smollm2.py [--prompts 16] [--long 128] [--short 32]
         [--servers warm,skip,repair]
@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     report = {
         "what": "accept length of a request after zero draft steps, with the zero-step draft "
-        "extend run (warm) or skipped (skip); SmolLM2-135M-Instruct target, 14+8-layer "
-        "truncated draft, STANDALONE 3 steps, SGLang CPU engine, greedy; measured",
+        "extend run (warm), skipped (skip) or skipped and rebuilt at the upshift (repair); "
+        "SmolLM2-135M-Instruct target, 14+8-layer truncated draft, STANDALONE 3 steps, SGLang CPU engine, greedy; measured",
         "machine": machine_info(),
         "parameters": {
             "prompts": args.prompts,

@@ -265,10 +265,6 @@ def create_draft_extend_backend_hook(original: Callable[..., Any], factory: Any)
     return wrapped
 
 
-def _registered(registry: Any, target: str, hook: Callable[..., Any]) -> bool:
-    return any(h is hook for _t, h, _s in getattr(registry, "_hooks", {}).get(target, ()))
-
-
 def install_draft_attention() -> list[str]:
     """Give the host's draft backend factory ``torch_native`` backends, on the CPU engine
     only; return ``[INSTALLED_NAME]`` if installed (now or before), else ``[]``.
@@ -277,11 +273,12 @@ def install_draft_attention() -> list[str]:
     ``torch_native`` draft backend (a later host version). Idempotent.
     """
     from sglang_spec_ext.sglang.cpu_fallbacks.install import host_runs_cpu_engine
+    from sglang_spec_ext.sglang.runtime_hooks import register_hooks_once
 
     if not host_runs_cpu_engine():
         return []
     try:
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+        from sglang.srt.plugins.hook_registry import HookType
         from sglang.srt.speculative import draft_utils
     except ImportError as e:  # pragma: no cover - host layout changed
         logger.warning("sglang-spec-ext: cannot add torch_native draft attention: %s", e)
@@ -290,15 +287,10 @@ def install_draft_attention() -> list[str]:
     if hasattr(factory, "_create_torch_native_decode_backend"):
         logger.info("host builds torch_native draft backends itself; not patched")
         return []
-    new = False
-    for target, hook in (
-        (DECODE_TARGET, create_decode_backend_hook),
-        (EXTEND_TARGET, create_draft_extend_backend_hook),
-    ):
-        if not _registered(HookRegistry, target, hook):
-            HookRegistry.register(target, hook, HookType.AROUND)
-            new = True
-    if new:
-        HookRegistry.apply_hooks()
+    hooks = [
+        (DECODE_TARGET, create_decode_backend_hook, HookType.AROUND),
+        (EXTEND_TARGET, create_draft_extend_backend_hook, HookType.AROUND),
+    ]
+    if register_hooks_once(hooks):
         logger.info("sglang-spec-ext: torch_native draft attention backends installed")
     return [INSTALLED_NAME]

@@ -29,8 +29,10 @@ One prefill-shaped draft forward per upshift replaces one decode-shaped draft fo
 per zero step. The goodput controller knows: it prices probes up from zero steps with
 the rebuild (``AdaptiveController.expect_repairs``: the draft's prior extend time, scaled
 by what measured repairs took) and splits the time of a step with a repair between the
-step and the repair (``sglang/model_draft_adaptive.py`` reads :data:`STATS`). The repair is bounded: at most ``SGLANG_SPEC_EXT_DRAFT_KV_REPAIR_MAX_TOKENS``
-tokens per forward, split over the marked requests (older holes stay, as with the
+step and the repair (``sglang/model_draft_adaptive.py`` reads :data:`STATS`).
+
+The repair is bounded: at most ``SGLANG_SPEC_EXT_DRAFT_KV_REPAIR_MAX_TOKENS`` tokens per
+forward, split over the marked requests (older holes stay, as with the
 host's skip). Requests whose committed tokens the scheduler has not seen yet (overlap
 scheduling) keep their mark for the next step. The repair only ever writes draft KV
 and draft top-k, so it cannot change outputs (the target verifies every draft); a

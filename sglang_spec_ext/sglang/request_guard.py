@@ -76,10 +76,8 @@ def verify_guard(params: Any, *args: Any, **kwargs: Any) -> None:
 
 def install_request_guard() -> bool:
     """Register the guard once; True if newly registered."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookType
 
-    if any(hook is verify_guard for _, hook, _ in HookRegistry._hooks.get(TARGET, ())):
-        return False
-    HookRegistry.register(TARGET, verify_guard, HookType.BEFORE)
-    HookRegistry.apply_hooks()
-    return True
+    from sglang_spec_ext.sglang.runtime_hooks import register_hooks_once
+
+    return register_hooks_once([(TARGET, verify_guard, HookType.BEFORE)])

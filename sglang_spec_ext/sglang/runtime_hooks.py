@@ -71,9 +71,10 @@ def _install_cpu_draft_attention() -> list[str]:
     return install_draft_attention()
 
 
-def register_hooks_once(hooks: list[tuple[str, Any, Any]]) -> None:
+def register_hooks_once(hooks: list[tuple[str, Any, Any]]) -> bool:
     """Register ``(target, hook, HookType)`` with SGLang's ``HookRegistry`` unless that
-    hook is already on that target, and apply them (idempotent across calls)."""
+    hook is already on that target, and apply them (idempotent across calls); True if
+    any was newly registered."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     new = False
@@ -83,3 +84,4 @@ def register_hooks_once(hooks: list[tuple[str, Any, Any]]) -> None:
             new = True
     if new:
         HookRegistry.apply_hooks()
+    return new
