@@ -74,13 +74,18 @@ ALGORITHMS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
                                   "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "3,0",
                                   "SGLANG_SPEC_EXT_DRAFT_KV_REPAIR": "1",
                                   "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "1"}),
+    # ... and with the controller choosing: it prices leaving zero steps with the rebuild
+    # the repair counts (draft_kv_repair.STATS.unwritten_tokens)
+    "STANDALONE-adaptive-repair": (("--speculative-algorithm", "STANDALONE", *CHAIN3),
+                                   {**ADAPTIVE, "SGLANG_SPEC_EXT_DRAFT_KV_REPAIR": "1",
+                                    "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "1"}),
     # ... and over topk-4 trees (verify widths per step count up to --width)
     "HYBRID-tree-adaptive": (("--speculative-algorithm", "HYBRID", "--speculative-num-steps",
                               "3", "--speculative-eagle-topk", "4"), ADAPTIVE),
 }  # fmt: skip
 #: Algorithms with a model draft (the weak draft below), and those of them on chains.
 CHAINED = ("HYBRID-adaptive", "STANDALONE-adaptive", "STANDALONE-pinned-skip",
-           "STANDALONE-pinned-repair")  # fmt: skip
+           "STANDALONE-pinned-repair", "STANDALONE-adaptive-repair")  # fmt: skip
 MODEL_DRAFT = ("HYBRID", "HYBRID-tree-adaptive", *CHAINED)
 #: Our algorithms: penalty requests are refused (request_guard.py), the drafter reports
 #: its statistics.

@@ -51,6 +51,7 @@ CHAIN_DEFAULTS: dict[str, object] = {
     "tie_tolerance": 0.003,
     "probe_budget": 0.01,
     "probe_budget_thin": 0.05,
+    "probe_budget_upshift": 0.001,
 }
 
 
@@ -96,6 +97,8 @@ class AdaptiveConfig:
     # 1 = no limit beyond the intervals (trees; chains: CHAIN_DEFAULTS)
     probe_budget: float = 1.0
     probe_budget_thin: float = 1.0
+    # probes up from zero steps that rebuild skipped draft KV (the draft-KV repair)
+    probe_budget_upshift: float = 1.0
     probe_min_evidence: float = 32.0  # acceptance observations under which a k is "thin"
     probe_min_timed: float = 8.0  # measured step times (per tier) under which a k is "thin"
     # step-cost model
@@ -168,6 +171,7 @@ class AdaptiveConfig:
         _check_int("probe_backoff", self.probe_backoff, 0, 1 << 20)
         _check_num("probe_budget", self.probe_budget, 0.0, 1.0, lo_open=True)
         _check_num("probe_budget_thin", self.probe_budget_thin, 0.0, 1.0, lo_open=True)
+        _check_num("probe_budget_upshift", self.probe_budget_upshift, 0.0, 1.0, lo_open=True)
         _check_num("probe_min_evidence", self.probe_min_evidence, 0.0, 1e9)
         _check_num("probe_min_timed", self.probe_min_timed, 0.0, 1e9)
         if self.cost_preset not in PRESETS:

@@ -79,6 +79,7 @@ class AdaptiveController:
             probe_backoff=cfg.probe_backoff,
             probe_budget=cfg.probe_budget,
             probe_budget_thin=cfg.probe_budget_thin,
+            probe_budget_upshift=cfg.probe_budget_upshift,
             pinned=cfg.pinned(),
         )
         self.paired = PairedProbes(decay=cfg.decay)
@@ -154,7 +155,12 @@ class AdaptiveController:
         goodput, step_time = self._predict(batch_size, req_ids)
         upshift_s = self.predicted_repair_s()
         k = self.policy.decide(
-            batch_size, goodput, self.thin(batch_size), step_time, upshift_s=upshift_s
+            batch_size,
+            goodput,
+            self.thin(batch_size),
+            step_time,
+            upshift_s=upshift_s,
+            unproven=self._acceptance_evidence() < self.config.probe_min_evidence,
         )
         if self._repair_prior is not None:
             tokens, reqs = self._unwritten
@@ -166,18 +172,18 @@ class AdaptiveController:
         }
         return k
 
+    def _acceptance_evidence(self) -> np.ndarray:
+        """Per candidate: decayed acceptance observations behind its estimate."""
+        if self.chain is not None:
+            return np.array([self.chain.evidence(k) for k in self.ks.tolist()])
+        ev = self.acceptance.evidence()
+        return np.array(
+            [np.inf if k == 0 else ev[self.acceptance.bucket_index(k)] for k in self.ks.tolist()]
+        )
+
     def thin(self, batch_size: int) -> np.ndarray:
         """Per candidate: too few acceptance observations or measured step times."""
-        if self.chain is not None:
-            acc_ev = np.array([self.chain.evidence(k) for k in self.ks.tolist()])
-        else:
-            ev = self.acceptance.evidence()
-            acc_ev = np.array(
-                [
-                    np.inf if k == 0 else ev[self.acceptance.bucket_index(k)]
-                    for k in self.ks.tolist()
-                ]
-            )
+        acc_ev = self._acceptance_evidence()
         timed = self._timed[self.policy.tier_index(batch_size)]
         cfg = self.config
         return (acc_ev < cfg.probe_min_evidence) | (cfg.calibrate & (timed < cfg.probe_min_timed))
@@ -239,10 +245,17 @@ class AdaptiveController:
         """Zero steps leave draft KV unwritten and the next drafting step rebuilds it
         (the draft-KV repair): probes up from zero steps are priced with that rebuild,
         ``prior(tokens, requests)`` seconds times a scale :meth:`observe_repair` learns.
-        The unwritten tokens are counted as batch size times zero steps since the last
-        drafting step (an overestimate where requests finish in between)."""
+        The unwritten tokens are what the engine reports before each decision
+        (:meth:`note_unwritten`: the server's repair counts them per live request);
+        without a report, batch size times zero steps since the last drafting step, an
+        overestimate that grows without bound where requests finish in between."""
         self._repair_prior = prior
         self.repair_scale = 1.0
+
+    def note_unwritten(self, tokens: int, requests: int) -> None:
+        """The engine's own count of the draft KV a repair would rebuild now (``tokens``
+        of ``requests`` live requests): replaces the estimate until the next step."""
+        self._unwritten = (max(0, int(tokens)), max(0, int(requests)))
 
     def predicted_repair_s(self) -> float:
         """Seconds the next drafting step would spend on the repair (0 without one)."""

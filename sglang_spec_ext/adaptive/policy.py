@@ -30,7 +30,15 @@ Each tier (the largest configured tier ``<= batch size``) keeps its own current 
   current steps' worth of tokens (``(1 - goodput ratio) x step time ratio``, from the
   caller's predicted step times when given) waits at least ``L / budget`` decisions.
   On a GPU, where verifying a few more tokens is nearly free, ``L`` is small and the
-  intervals above decide.
+  intervals above decide;
+* **leaving zero steps with a rebuild** (``upshift_s``: the draft-KV repair, which the
+  first drafting step after zero steps pays for every token committed meanwhile): a
+  probe up from zero steps is charged the rebuild and kept within ``probe_budget_upshift``
+  of the tier's time (a rebuild costs a few plain steps however short the probe), and
+  the tier leaves zero steps only for a candidate whose acceptance rests on evidence
+  (``unproven``: the caller's per-candidate flag), never on the prior alone: once the
+  acceptance memory has faded, one probe refreshes it, where a switch on the prior would
+  run the wider draft for as long as hysteresis takes to come back.
 """
 
 from __future__ import annotations
@@ -71,6 +79,7 @@ class TierPolicy:
         probe_backoff: int = 0,
         probe_budget: float = 1.0,
         probe_budget_thin: float = 1.0,
+        probe_budget_upshift: float = 1.0,
         pinned: dict[int, int] | None = None,
     ) -> None:
         self.candidates = np.array(sorted(set(int(k) for k in candidates)), dtype=np.int64)
@@ -86,6 +95,7 @@ class TierPolicy:
         self.probe_backoff = probe_backoff
         self.probe_budget = probe_budget
         self.probe_budget_thin = probe_budget_thin
+        self.probe_budget_upshift = probe_budget_upshift
         self.states = [TierState() for _ in self.tiers]
         pinned = pinned or {}
         if any(k not in self.candidates for k in pinned.values()):
@@ -110,6 +120,7 @@ class TierPolicy:
         thin: np.ndarray,
         step_time: np.ndarray | None = None,
         upshift_s: float = 0.0,
+        unproven: np.ndarray | None = None,
     ) -> int:
         """The ``k`` to use for this step.
 
@@ -118,7 +129,9 @@ class TierPolicy:
         ``step_time``: predicted step time per candidate (prices probes; without it a
         probe step is taken to last as long as a current one); ``upshift_s``: seconds
         the first step with ``k > 0`` pays on top after zero steps (the draft-KV
-        repair), charged to probes up from zero (needs ``step_time``).
+        repair), charged to probes up from zero (needs ``step_time``); ``unproven``:
+        per candidate, whether its acceptance still rests on the prior (no leaving zero
+        steps for it while ``upshift_s`` is due).
         """
         ti = self.tier_index(batch_size)
         st = self.states[ti]
@@ -127,14 +140,15 @@ class TierPolicy:
         if pin is not None:
             st.current = pin
             return int(self.candidates[pin])
-        top = float(np.max(goodput))
-        # ties (within ``tie``) go to the largest k: with nested drafts a wider one never
-        # accepts less, so a negligible predicted difference favours it
-        tied = np.flatnonzero(goodput >= top * (1.0 - self.tie))
-        best = int(tied[-1] if self.tie_to_larger else tied[0])
+        best = self._best(goodput)
         if st.current is None:
             st.current = best
         cur = st.current
+        if unproven is not None and self._dear_rebuild(cur, step_time, upshift_s):
+            # only candidates with evidence: a probe (budgeted below) proves the others
+            allowed = ~np.asarray(unproven, dtype=bool)
+            allowed[cur] = True
+            best = self._best(np.where(allowed, goodput, -np.inf))
         gain = goodput[best] / max(float(goodput[cur]), 1e-12) - 1.0
         if best != cur and gain > -self.tie:
             if st.pending != best:
@@ -147,6 +161,14 @@ class TierPolicy:
             st.pending, st.pending_count = None, 0
         probe = self._probe(st, goodput, thin, step_time, upshift_s)
         return int(self.candidates[st.current if probe is None else probe])
+
+    def _best(self, goodput: np.ndarray) -> int:
+        """The predicted best candidate; ties (within ``tie``) go to the largest k (with
+        nested drafts a wider one never accepts less, so a negligible predicted
+        difference favours it) unless ``tie_to_larger`` is off."""
+        top = float(np.max(goodput))
+        tied = np.flatnonzero(goodput >= top * (1.0 - self.tie))
+        return int(tied[-1] if self.tie_to_larger else tied[0])
 
     @staticmethod
     def _switch(st: TierState, to: int) -> None:
@@ -161,6 +183,14 @@ class TierPolicy:
         if self.probe_backoff <= 0:
             return 1
         return 1 << min(3, st.probes_since_switch // self.probe_backoff)
+
+    def _dear_rebuild(self, cur: int, step_time: np.ndarray | None, upshift_s: float) -> bool:
+        """Whether leaving ``cur`` rebuilds skipped draft KV that costs more than a step."""
+        return (
+            step_time is not None
+            and self.candidates[cur] == 0
+            and upshift_s > float(step_time[cur])
+        )
 
     def _probe_loss(
         self,
@@ -203,6 +233,11 @@ class TierPolicy:
 
         def due(nb: int, interval: int, budget: float) -> bool:
             loss = self._probe_loss(cur, nb, goodput, step_time, upshift_s)
+            if nb > cur and self._dear_rebuild(cur, step_time, upshift_s):
+                # what the prediction says the wider draft would win pays for finding
+                # out: a probe waits until that gain over the wait covers its cost
+                gain = float(goodput[nb]) / max(float(goodput[cur]), 1e-12) - 1.0
+                budget = max(min(budget, self.probe_budget_upshift), gain)
             wait = max(interval * scale, loss / budget)
             return st.since_probe >= wait
 

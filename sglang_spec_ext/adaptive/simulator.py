@@ -152,7 +152,10 @@ def replay(
     cost_cache: dict[int, float] = {}
     tokens, seconds = 0, 0.0
     k_hist: dict[int, int] = {}
+    tell_unwritten = repair_cost is not None and hasattr(policy, "note_unwritten")
     for _ in range(steps):
+        if tell_unwritten:  # as the server's repair gauge does
+            policy.note_unwritten(int(stale.sum()), int(np.count_nonzero(stale)))  # type: ignore[attr-defined]
         k = int(policy.choose(batch_size, ids))
         k_hist[k] = k_hist.get(k, 0) + 1
         lens = table.lengths[rows]
@@ -228,6 +231,9 @@ class ControllerPolicy:
 
     def choose(self, batch_size: int, req_ids: Sequence[Hashable]) -> int:
         return self.ctl.choose_k(batch_size, req_ids)  # type: ignore[attr-defined]
+
+    def note_unwritten(self, tokens: int, requests: int) -> None:
+        self.ctl.note_unwritten(tokens, requests)  # type: ignore[attr-defined]
 
     def observe_repair_step(
         self, batch_size: int, k: int, seconds: float, tokens: int, requests: int

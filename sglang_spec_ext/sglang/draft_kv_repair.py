@@ -27,8 +27,9 @@ draft) sets the host's skip flag and fills the holes when they matter:
 
 One prefill-shaped draft forward per upshift replaces one decode-shaped draft forward
 per zero step. The goodput controller knows: it prices probes up from zero steps with
-the rebuild (``AdaptiveController.expect_repairs``: the draft's prior extend time, scaled
-by what measured repairs took) and splits the time of a step with a repair between the
+the rebuild (``AdaptiveController.expect_repairs``: the draft's prior extend time of the
+tokens this module counts as unwritten, :attr:`RepairStats.unwritten_tokens`, scaled by
+what measured repairs took) and splits the time of a step with a repair between the
 step and the repair (``sglang/model_draft_adaptive.py`` reads :data:`STATS`).
 
 The repair is bounded: at most ``SGLANG_SPEC_EXT_DRAFT_KV_REPAIR_MAX_TOKENS`` tokens per
@@ -75,6 +76,10 @@ class RepairStats:
         self.deferred = 0
         self.truncated = 0
         self.failures = 0
+        # gauge: draft KV the next repair would rebuild (tokens, capped at max_tokens;
+        # requests), as of the last skipped step; what the controller prices
+        self.unwritten_tokens = 0
+        self.unwritten_requests = 0
         self.enabled = True
         self.max_tokens = 8192
         self.log_interval_s = 30.0
@@ -119,11 +124,17 @@ def _mark_skipped(result: Any, worker: Any, batch: Any, *_a: Any, **_k: Any) -> 
     # --speculative-num-steps + 1 tokens the scheduler has not seen yet; marking earlier
     # than needed only recomputes valid positions.
     lag = 0 if lens is not None else max_steps() + 1
+    tokens = 0
     for i, req in enumerate(batch.reqs):
-        if getattr(req, STALE_ATTR, None) is None:
+        mark = getattr(req, STALE_ATTR, None)
+        if mark is None:
             known = known_len(req) - 1
             at = int(lens[i]) if lens is not None else known - lag
-            setattr(req, STALE_ATTR, max(0, min(at, known)))
+            mark = max(0, min(at, known))
+            setattr(req, STALE_ATTR, mark)
+        tokens += max(0, known_len(req) - mark)
+    STATS.unwritten_tokens = min(tokens, STATS.max_tokens)
+    STATS.unwritten_requests = len(batch.reqs)
     STATS.marked_steps += 1
     return None
 
@@ -179,13 +190,17 @@ def _repair_before_draft(draft_worker: Any, batch: Any, *_a: Any, **_k: Any) -> 
         return None
     reqs = batch.reqs
     stale = [getattr(r, STALE_ATTR, None) for r in reqs]
-    if all(s is None for s in stale) or not repairable(draft_worker):
+    if all(s is None for s in stale):
+        STATS.unwritten_tokens = STATS.unwritten_requests = 0  # drafting, nothing skipped
+        return None
+    if not repairable(draft_worker):
         return None
     try:
         _repair(draft_worker, batch, stale)
     except Exception:  # noqa: BLE001 - a repair must never take the server down
         STATS.failures += 1
         STATS.enabled = False
+        STATS.unwritten_tokens = STATS.unwritten_requests = 0
         logger.exception(
             "sglang-spec-ext: draft-KV repair failed; switched off for this process (drafts "
             "after zero-step phases start cold, as with %s alone)",
@@ -279,6 +294,7 @@ def _repair(draft_worker: Any, batch: Any, stale: list[int | None]) -> None:
             STATS.truncated += int(starts[i] > stale[i])
         else:
             STATS.deferred += 1
+    STATS.unwritten_tokens = STATS.unwritten_requests = 0  # deferred ones: a step's worth
     STATS.repairs += 1
     STATS.maybe_log()
 

@@ -134,6 +134,10 @@ class GoodputStepPolicy:
         if bs < 1:  # an idle batch: nothing to decide
             self._last = None
             return self.candidate_steps[0]
+        # what a repair would rebuild now (0 without the repair)
+        self.controller.note_unwritten(
+            REPAIR_STATS.unwritten_tokens, REPAIR_STATS.unwritten_requests
+        )
         steps = int(self.controller.choose_k(bs))
         self._last = (bs, steps, now)
         self._pending.append((bs, steps))

@@ -71,6 +71,26 @@ def test_a_skipped_step_marks_each_request_once_never_late(monkeypatch):
     assert dkr.STATS.marked_steps == 3
 
 
+def test_skipped_steps_count_what_the_next_repair_rebuilds():
+    """The gauge the controller prices a probe up with: the tokens of the last skipped
+    step's requests from their marks on (capped at the per-forward budget), none once a
+    repair ran."""
+    a, b = _req(30, 10), _req(5, 2)
+    dkr._mark_skipped(None, None, _batch([a, b], [39, 6]))  # marks 39 and 6
+    assert (dkr.STATS.unwritten_tokens, dkr.STATS.unwritten_requests) == (1 + 1, 2)
+    a.output_ids.extend([0] * 20)
+    b.output_ids.extend([0] * 20)
+    dkr._mark_skipped(None, None, _batch([a], [59]))  # b finished: only a counts
+    assert (dkr.STATS.unwritten_tokens, dkr.STATS.unwritten_requests) == (21, 1)
+    dkr.STATS.max_tokens = 16
+    dkr._mark_skipped(None, None, _batch([a, b], [59, 26]))
+    assert dkr.STATS.unwritten_tokens == 16  # one forward rebuilds at most that many
+    # a drafting step of requests without marks (those finished): nothing left
+    standalone = SimpleNamespace(speculative_algorithm=SimpleNamespace(is_standalone=lambda: True))
+    dkr._repair_before_draft(standalone, _batch([_req(4, 4)], [8]))
+    assert (dkr.STATS.unwritten_tokens, dkr.STATS.unwritten_requests) == (0, 0)
+
+
 def test_a_failing_repair_is_logged_and_switches_off(monkeypatch, caplog):
     def boom(*_a):
         raise RuntimeError("no extend metadata")
@@ -126,6 +146,12 @@ def test_a_step_with_a_repair_is_reported_as_one(monkeypatch):
     clock.t = 0.026
     policy.get_steps_for_batch(4)  # no repair since: an ordinary step time
     assert len(times) == 1 and len(repairs) == 1
+    # before each decision the controller learns what a repair would rebuild now
+    noted = []
+    ctl.note_unwritten = lambda tokens, reqs: noted.append((tokens, reqs))
+    dkr.STATS.unwritten_tokens, dkr.STATS.unwritten_requests = 300, 4
+    policy.get_steps_for_batch(4)
+    assert noted == [(300, 4)]
 
 
 def test_the_controller_splits_a_repair_step_between_step_and_repair():

@@ -144,3 +144,23 @@ def test_expected_repairs_count_unwritten_tokens_and_learn_their_cost() -> None:
     ctl.policy.decide = decide(0)  # type: ignore[method-assign]
     ctl.choose_k(16)
     assert ctl.predicted_repair_s() == pytest.approx(0.96 * prior(16, 16))
+    # the engine's own count (finished requests took their tokens along) replaces it
+    ctl.note_unwritten(500, 3)
+    assert ctl.predicted_repair_s() == pytest.approx(0.96 * prior(500, 3))
+    ctl.choose_k(16)
+    assert seen[-1] == pytest.approx(0.96 * prior(500, 3))
+
+
+def test_leaving_zero_steps_is_gated_on_acceptance_evidence() -> None:
+    """The policy is told which candidates' acceptance still rests on the prior (chain
+    trials per depth under ``probe_min_evidence``); zero steps never are."""
+    cfg = AdaptiveConfig(candidate_ks=(0, 1, 2), max_k=2, draft_shape="chain")
+    ctl = AdaptiveController(cfg)
+    seen = []
+    ctl.policy.decide = lambda *a, unproven=None, **kw: seen.append(unproven) or 1
+    ctl.choose_k(8)
+    assert seen[-1].tolist() == [False, True, True]
+    for _ in range(5):  # 40 trials at depth 1, 40 x 0.5 at depth 2
+        ctl.on_verify(8, 2, [0, 1] * 4)
+    ctl.choose_k(8)
+    assert seen[-1].tolist() == [False, False, True]

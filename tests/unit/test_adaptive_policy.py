@@ -135,3 +135,36 @@ def test_the_upshift_rebuild_prices_probes_up_from_zero_steps_only() -> None:
     assert probes(at_zero, 2.0) == 1000 // 206  # (2 + 0.0525) / 0.01 = 205.25 -> every 206th
     at_one = np.array([95.0, 100.0, 90.0])  # drafting now: nothing to rebuild
     assert probes(at_one, 2.0) == probes(at_one, 0.0)
+
+
+def test_a_dear_rebuild_leaves_zero_steps_on_evidence_and_probes_by_expected_gain() -> None:
+    """When leaving zero steps rebuilds more than a step's worth of skipped draft KV, the
+    tier does not switch to a candidate whose acceptance is unproven (a probe finds out
+    first), a probe up waits until the predicted gain over the wait covers its cost
+    (at least ``probe_budget_upshift``: thin or not). A cheap rebuild changes nothing."""
+    cands = [0, 1, 2]
+    step_time = np.array([1.0, 1.05, 1.1])
+    unproven = np.array([False, True, True])
+    prior_says_up = np.array([100.0, 110.0, 90.0])
+
+    def run(goodput, upshift_s, thin, unproven, n=300):
+        pol = TierPolicy(
+            cands, [64], probe_interval=16, probe_interval_thin=8, probe_budget=0.01,
+            probe_budget_thin=0.05, probe_budget_upshift=0.001, probe_max_loss=1.0,
+        )  # fmt: skip
+        pol.states[0].current = 0
+        return [pol.decide(64, goodput, thin, step_time, upshift_s, unproven) for _ in range(n)]
+
+    picks = run(prior_says_up, 3.0, unproven, unproven)
+    # no switch; probes of k=1 every max(8, 3 / 0.1) = 30 decisions
+    assert picks.count(1) == 300 // 30 and set(picks) == {0, 1}
+    picks = run(prior_says_up, 0.5, unproven, unproven)  # a cheap rebuild: switches
+    assert picks[-100:].count(1) >= 80  # (and probes its thin neighbour k=2 from there)
+    picks = run(prior_says_up, 3.0, unproven, np.zeros(3, dtype=bool))  # proven: switches
+    assert picks[-100:].count(1) >= 80
+    plain_best = np.array([100.0, 95.0, 90.0])
+    timing_thin = np.array([False, True, True])
+    known = np.zeros(3, dtype=bool)
+    # predicted to lose, thin (by timing): (0.0525 + 3) / 0.001 = 3053 decisions apart
+    assert run(plain_best, 3.0, timing_thin, known, n=1000).count(1) == 0
+    assert run(plain_best, 0.0, timing_thin, known, n=1000).count(1) > 50  # no rebuild

@@ -58,7 +58,7 @@ def test_repair_cost_charges_the_first_drafting_step_after_zero_steps() -> None:
         name = "0,0,0,1"
 
         def __init__(self) -> None:
-            self.i, self.times, self.repairs = 0, [], []
+            self.i, self.times, self.repairs, self.unwritten = 0, [], [], []
 
         def choose(self, batch_size, req_ids):
             self.i += 1
@@ -69,6 +69,9 @@ def test_repair_cost_charges_the_first_drafting_step_after_zero_steps() -> None:
 
         def observe_repair_step(self, bs, k, seconds, tokens, requests):
             self.repairs.append((bs, k, seconds, tokens, requests))
+
+        def note_unwritten(self, tokens, requests):
+            self.unwritten.append((tokens, requests))
 
     charged: list[tuple[int, int]] = []
 
@@ -84,6 +87,9 @@ def test_repair_cost_charges_the_first_drafting_step_after_zero_steps() -> None:
     assert r.seconds == 8 * 1.0 + 2 * 10.0
     assert pol.times[3] is None and pol.times[7] is None and pol.times[0] == 1.0
     assert pol.repairs == [(2, 1, 11.0, 6, 2), (2, 1, 11.0, 6, 2)]  # step + repair time
+    # before each decision the policy is told what a repair would rebuild, as the
+    # server's gauge does
+    assert pol.unwritten == [(0, 0), (2, 2), (4, 2), (6, 2)] * 2
     r = replay(table, 2, FixedPolicy(0), lambda bs, k: 1.0, steps=8, repair_cost=repair)
     assert len(charged) == 2 and r.seconds == 8.0  # never drafting: never repairing
 
