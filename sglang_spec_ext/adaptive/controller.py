@@ -154,13 +154,14 @@ class AdaptiveController:
         """The number of draft nodes per request to use for the next step."""
         goodput, step_time = self._predict(batch_size, req_ids)
         upshift_s = self.predicted_repair_s()
+        acc_ev = self._acceptance_evidence()
         k = self.policy.decide(
             batch_size,
             goodput,
-            self.thin(batch_size),
+            self._thin(batch_size, acc_ev),
             step_time,
             upshift_s=upshift_s,
-            unproven=self._acceptance_evidence() < self.config.probe_min_evidence,
+            unproven=acc_ev < self.config.probe_min_evidence,
         )
         if self._repair_prior is not None:
             tokens, reqs = self._unwritten
@@ -183,7 +184,9 @@ class AdaptiveController:
 
     def thin(self, batch_size: int) -> np.ndarray:
         """Per candidate: too few acceptance observations or measured step times."""
-        acc_ev = self._acceptance_evidence()
+        return self._thin(batch_size, self._acceptance_evidence())
+
+    def _thin(self, batch_size: int, acc_ev: np.ndarray) -> np.ndarray:
         timed = self._timed[self.policy.tier_index(batch_size)]
         cfg = self.config
         return (acc_ev < cfg.probe_min_evidence) | (cfg.calibrate & (timed < cfg.probe_min_timed))

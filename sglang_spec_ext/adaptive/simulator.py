@@ -152,10 +152,13 @@ def replay(
     cost_cache: dict[int, float] = {}
     tokens, seconds = 0, 0.0
     k_hist: dict[int, int] = {}
-    tell_unwritten = repair_cost is not None and hasattr(policy, "note_unwritten")
+    tell_unwritten = hasattr(policy, "note_unwritten")
+    n_stale = n_reqs = 0
     for _ in range(steps):
-        if tell_unwritten:  # as the server's repair gauge does
-            policy.note_unwritten(int(stale.sum()), int(np.count_nonzero(stale)))  # type: ignore[attr-defined]
+        if repair_cost is not None:
+            n_stale, n_reqs = int(stale.sum()), int(np.count_nonzero(stale))
+            if tell_unwritten:  # as the server's repair gauge does
+                policy.note_unwritten(n_stale, n_reqs)  # type: ignore[attr-defined]
         k = int(policy.choose(batch_size, ids))
         k_hist[k] = k_hist.get(k, 0) + 1
         lens = table.lengths[rows]
@@ -172,8 +175,7 @@ def replay(
         if repair_cost is not None:
             if k == 0:
                 stale += adv
-            elif stale.any():
-                n_stale, n_reqs = int(stale.sum()), int(np.count_nonzero(stale))
+            elif n_stale:
                 repair_t = float(repair_cost(n_stale, n_reqs))
                 t += repair_t
                 stale[:] = 0
