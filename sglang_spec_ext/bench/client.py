@@ -232,3 +232,16 @@ async def fetch_model_path(base_url: str, timeout_s: float = 30.0) -> str | None
                 return str((await resp.json(content_type=None))["model_path"])
     except Exception:
         return None
+
+
+async def fetch_server_fields(
+    base_url: str, fields: tuple[str, ...], timeout_s: float = 30.0
+) -> dict[str, Any] | None:
+    """The named resolved server arguments (``/server_info``), or ``None``."""
+    try:
+        async with _session(timeout_s) as session:
+            async with session.get(base_url.rstrip("/") + "/server_info") as resp:
+                info = await resp.json(content_type=None)
+        return {f: info.get(f) for f in fields}
+    except Exception:
+        return None

@@ -45,12 +45,51 @@ def compare(baseline: Sequence[RequestResult], spec: Sequence[RequestResult]) ->
     }
 
 
+#: Server fields that decide whether greedy outputs can be bit-identical (``/server_info``).
+PARITY_FIELDS = ("device", "dtype", "kv_cache_dtype", "enable_deterministic_inference")
+
+
+def bit_identity_caveats(role: str, fields: dict[str, Any] | None) -> list[str]:
+    """Why greedy outputs of this server may differ from another's without a bug.
+
+    Speculation is exact in exact arithmetic; a verify of W tokens through tree
+    attention does not run the same floating-point reductions as a one-token decode,
+    so with 16-bit weights or KV (or batch-size-dependent GPU kernels) near-ties can
+    flip. Identical output is expected in fp32 on the CPU engine, or on GPU with the
+    host's ``--enable-deterministic-inference`` and fp32; ``fields`` are the server's
+    :data:`PARITY_FIELDS` (``None``: unknown, which is a caveat of its own)."""
+    if fields is None:
+        return [f"{role}: server settings unknown (no /server_info); bit-identity unchecked"]
+    out = []
+    dtype = str(fields.get("dtype") or "auto")
+    device = str(fields.get("device") or "cuda")
+    kv = str(fields.get("kv_cache_dtype") or "auto")
+    deterministic = bool(fields.get("enable_deterministic_inference"))
+    if dtype not in ("float32", "float"):
+        out.append(
+            f"{role}: --dtype {dtype} (16-bit on most models): a multi-token verify and a "
+            "one-token decode round differently, so greedy near-ties can flip"
+        )
+    if kv not in ("auto", "float32") and not (kv == "auto" and dtype == "float32"):
+        out.append(f"{role}: --kv-cache-dtype {kv}: quantized KV, near-ties can flip")
+    if device != "cpu" and not deterministic:
+        out.append(
+            f"{role}: {device} without --enable-deterministic-inference: kernels whose "
+            "reductions depend on the batch shape can flip near-ties"
+        )
+    return out
+
+
 def describe(result: dict[str, Any]) -> str:
     """Lines for the terminal: a verdict, then each mismatch."""
     n, bad = result["prompts"], result["mismatches"]
+    caveats = result.get("caveats") or []
+    notes = [f"  warning: {c}" for c in caveats]
+    if caveats:
+        notes.insert(0, "  these runs cannot be expected to be bit-identical:")
     if result["ok"]:
-        return f"parity: OK, {n} greedy prompts identical token for token"
-    lines = [f"parity: FAILED, {bad} of {n} greedy prompts differ"]
+        return "\n".join([f"parity: OK, {n} greedy prompts identical token for token", *notes])
+    lines = [f"parity: FAILED, {bad} of {n} greedy prompts differ", *notes]
     for c in result["cases"]:
         if c["match"]:
             continue

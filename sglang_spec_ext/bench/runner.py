@@ -145,6 +145,9 @@ def run_endpoint(
                 client.run_sequential(url, plan.warmup_requests(), timeout_s=plan.timeout_s)
             )
         if plan.parity_prompts:
+            info["parity_fields"] = asyncio.run(
+                client.fetch_server_fields(url, parity.PARITY_FIELDS)
+            )
             log(f"[{ep.role}] parity: {plan.parity_prompts} greedy prompts")
             parity_out[ep.role] = asyncio.run(
                 client.run_sequential(url, plan.parity_requests(), timeout_s=plan.timeout_s)
@@ -178,6 +181,13 @@ def run_all(
     rc = 0
     if plan.parity_prompts:
         result = parity.compare(parity_out["baseline"], parity_out["speculative"])
+        result["caveats"] = [
+            c
+            for ep in endpoints
+            for c in parity.bit_identity_caveats(
+                ep.role, doc["endpoints"].get(ep.role, {}).get("parity_fields")
+            )
+        ]
         doc["parity"] = result
         log(parity.describe(result))
         rc = 0 if result["ok"] else 1

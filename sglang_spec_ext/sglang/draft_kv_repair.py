@@ -47,9 +47,11 @@ reuses such a prefix inherits its holes, as with the host's flag alone).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -185,8 +187,15 @@ def plan_rows(
 
 
 def _repair_before_draft(draft_worker: Any, batch: Any, *_a: Any, **_k: Any) -> None:
-    """Before a drafting step: rebuild the skipped draft KV of marked requests."""
-    if not STATS.enabled or batch.forward_mode.is_idle():
+    """Before a drafting step: rebuild the skipped draft KV of marked requests.
+
+    With TP > 1 the repair forward has collectives of its own, so every rank runs it or
+    none does: the ranks agree (:meth:`TpSync.all_ok`) after preparing the forward's
+    inputs and before running it; a rank whose preparation failed, or that had switched
+    the repair off, makes every rank skip it and switch it off. (Marks and batches are
+    the same on every rank, so the agreement is reached on the same steps everywhere.)
+    """
+    if batch.forward_mode.is_idle():
         return None
     reqs = batch.reqs
     stale = [getattr(r, STALE_ATTR, None) for r in reqs]
@@ -195,21 +204,61 @@ def _repair_before_draft(draft_worker: Any, batch: Any, *_a: Any, **_k: Any) -> 
         return None
     if not repairable(draft_worker):
         return None
+    sync = _tp()
+    if not STATS.enabled and sync is None:
+        return None
+    run = None
+    if STATS.enabled:
+        try:
+            run = _prepare_repair(draft_worker, batch, stale)
+        except Exception:  # noqa: BLE001 - a repair must never take the server down
+            _switch_off("preparing the repair forward failed")
+    if sync is not None and not sync.all_ok(run is not None):
+        if run is not None:
+            _switch_off("another TP rank could not repair", log_traceback=False)
+        return None
+    if run is None:
+        return None
     try:
-        _repair(draft_worker, batch, stale)
+        run()
     except Exception:  # noqa: BLE001 - a repair must never take the server down
-        STATS.failures += 1
-        STATS.enabled = False
-        STATS.unwritten_tokens = STATS.unwritten_requests = 0
-        logger.exception(
-            "sglang-spec-ext: draft-KV repair failed; switched off for this process (drafts "
-            "after zero-step phases start cold, as with %s alone)",
-            SKIP_ZERO_STEP_ENV,
-        )
+        _switch_off("the repair forward failed")
     return None
 
 
+def _switch_off(why: str, log_traceback: bool = True) -> None:
+    if STATS.enabled:
+        STATS.failures += 1
+    STATS.enabled = False
+    STATS.unwritten_tokens = STATS.unwritten_requests = 0
+    (logger.exception if log_traceback else logger.error)(
+        "sglang-spec-ext: draft-KV repair failed; switched off: %s (drafts after zero-step "
+        "phases start cold, as with %s alone)",
+        why,
+        SKIP_ZERO_STEP_ENV,
+    )
+
+
+_SYNC: list[Any] = []  # [TpSync | None] once looked up
+
+
+def _tp() -> Any:
+    """This process's TP sync (None with one rank), looked up once."""
+    if not _SYNC:
+        from sglang_spec_ext.sglang.tp_sync import tp_sync_or_none
+
+        _SYNC.append(tp_sync_or_none())
+    return _SYNC[0]
+
+
 def _repair(draft_worker: Any, batch: Any, stale: list[int | None]) -> None:
+    """Prepare and run the repair forward (one rank, or a test)."""
+    _prepare_repair(draft_worker, batch, stale)()
+
+
+def _prepare_repair(draft_worker: Any, batch: Any, stale: list[int | None]) -> Callable[[], None]:
+    """Everything of the repair that needs no collective (the extend batch, its
+    inputs); returns the forward and what follows it, to run once the ranks agree."""
     import copy
 
     from sglang.srt.model_executor.forward_batch_info import (
@@ -217,7 +266,6 @@ def _repair(draft_worker: Any, batch: Any, stale: list[int | None]) -> None:
         ForwardBatch,
         ForwardMode,
     )
-    from sglang.srt.speculative import eagle_worker_v2 as host
     from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
 
     reqs = batch.reqs
@@ -268,6 +316,25 @@ def _repair(draft_worker: Any, batch: Any, stale: list[int | None]) -> None:
         return_hidden_states_before_norm=False,
     )
     forward_batch.return_logprob = False
+    return functools.partial(
+        _run_repair, draft_worker, batch, forward_batch, stale, starts, counts, clears
+    )
+
+
+def _run_repair(
+    draft_worker: Any,
+    batch: Any,
+    forward_batch: Any,
+    stale: list[int | None],
+    starts: list[int],
+    counts: list[int],
+    clears: list[bool],
+) -> None:
+    """The repair's draft forward and its top-k, then the marks and counters."""
+    from sglang.srt.speculative import eagle_worker_v2 as host
+
+    reqs = batch.reqs
+    draft_input = batch.spec_info
     logits = draft_worker.draft_runner.forward(forward_batch).logits_output.next_token_logits
     use_rs = host.get_spec().speculative_use_rejection_sampling
     if use_rs or draft_worker.topk > 1:

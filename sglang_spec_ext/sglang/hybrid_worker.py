@@ -208,31 +208,40 @@ class HybridMixin:
 
     # -- choice and splice ---------------------------------------------------------
     def _choose_and_splice(self, batch: Any, verify_input: Any) -> None:
-        bs = len(batch.reqs)
+        bs, width = len(batch.reqs), self._width
         self._choice = [MODEL] * bs
         try:
             self._close_departed(batch)
             flags, tokens, masks = self._decide(batch, verify_input)
-            if self._tp is not None:
-                flags, tokens, masks = self._tp_share(flags, tokens, masks)
+        except Exception as exc:  # this rank's contribution is zero: model drafts
+            self._hybrid_fault(exc)
+            flags = np.zeros(bs, dtype=np.int64)
+            tokens = np.zeros((bs, width), dtype=np.int64)
+            masks = np.zeros((bs, width, width), dtype=bool)
+        if self._tp is not None:  # outside the fault path: every rank takes part
+            flags, tokens, masks = self._tp_share(flags, tokens, masks)
+        try:
             rows = [b for b in range(bs) if flags[b]]
             if rows:
                 self._splice(batch, verify_input, rows, tokens, masks)
             self._choice = [SUFFIX if flags[b] else MODEL for b in range(bs)]
         except Exception as exc:  # keep the model's drafts: verify stays exact
-            self._hybrid_faults += 1
+            self._hybrid_fault(exc)
             self._choice = [MODEL] * bs
-            if self._hybrid_faults == 1 or self._hybrid_faults % 1000 == 0:
-                logger.warning(
-                    "HYBRID: suffix drafting or choice failed (%s: %s); model drafts for this "
-                    "step; %d such steps so far",
-                    type(exc).__name__,
-                    exc,
-                    self._hybrid_faults,
-                    exc_info=self._hybrid_faults == 1,
-                )
         self._maybe_log_stats()
         self._suffix._maybe_log_stats()  # the SUFFIX worker's drafter-stats line, as SUFFIX logs it
+
+    def _hybrid_fault(self, exc: BaseException) -> None:
+        self._hybrid_faults += 1
+        if self._hybrid_faults == 1 or self._hybrid_faults % 1000 == 0:
+            logger.warning(
+                "HYBRID: suffix drafting or choice failed (%s: %s); model drafts for this "
+                "step; %d such steps so far",
+                type(exc).__name__,
+                exc,
+                self._hybrid_faults,
+                exc_info=self._hybrid_faults == 1,
+            )
 
     def _close_departed(self, batch: Any) -> None:
         current = {req.rid for req in batch.reqs}

@@ -23,7 +23,11 @@ states, never eagerly:
   between two consecutive decode steps of the same batch size with no prefill between
   them (a hook on ``_forward_prefill_batch`` marks prefills). Under overlap scheduling
   the accepted counts of a step arrive after the next step started; decisions are
-  matched to reports in order.
+  matched to reports in order;
+* with ``--tp-size`` > 1 each rank's clock differs, so only the first TP rank's
+  controller decides and the others take its step count (``tp_sync.TpSync.choice``,
+  one int64 over the TP group's gloo group per decode step): every rank switches draft
+  steps, verify width and graphs together.
 
 Zero steps is the host's own zero-step path (a one-token verify). The host runs the
 draft extend there to keep the draft KV cache warm unless
@@ -58,6 +62,7 @@ from sglang_spec_ext.adaptive.prior import (
 )
 from sglang_spec_ext.sglang.draft_kv_repair import STATS as REPAIR_STATS
 from sglang_spec_ext.sglang.draft_kv_repair import announce_repair
+from sglang_spec_ext.sglang.tp_sync import TpSync, tp_sync_or_none
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -90,9 +95,11 @@ class GoodputStepPolicy:
         *,
         clock: Callable[[], float] = time.perf_counter,
         log_interval_s: float = 30.0,
+        tp: TpSync | None = None,
     ) -> None:
         self.controller = controller
         self._clock = clock
+        self._tp = tp  # TP > 1: the first rank decides, the others take its choice
         self._cuda_graph_bs: list[int] | None = None
         # (bs, steps) awaiting a report; overlap keeps one in flight, the bound drops stale ones
         self._pending: deque[tuple[int, int]] = deque(maxlen=MAX_PENDING)
@@ -138,7 +145,7 @@ class GoodputStepPolicy:
         self.controller.note_unwritten(
             REPAIR_STATS.unwritten_tokens, REPAIR_STATS.unwritten_requests
         )
-        steps = int(self.controller.choose_k(bs))
+        steps = self._decide(bs)
         self._last = (bs, steps, now)
         self._pending.append((bs, steps))
         self._count(bs, steps, now)
@@ -157,6 +164,17 @@ class GoodputStepPolicy:
         return None
 
     # -- ours -----------------------------------------------------------------------
+    def _decide(self, bs: int) -> int:
+        """The step count of this decode step, the same on every TP rank: the first
+        rank's controller decides from its own clock and the others take its choice (a
+        rank-local choice would switch draft steps, verify width and graphs on one rank
+        only: mismatched collectives). Every rank calls this once per decode step, in
+        the lockstep order of the TP schedulers."""
+        if self._tp is None:
+            return int(self.controller.choose_k(bs))
+        steps = int(self.controller.choose_k(bs)) if self._tp.is_src else -1
+        return self._tp.choice(steps)
+
     def note_prefill(self) -> None:
         """A prefill ran: the time since the last decode step is not a step time."""
         self._last = None
@@ -331,6 +349,7 @@ def attach(worker: Any) -> GoodputStepPolicy | None:
     policy = GoodputStepPolicy(
         AdaptiveController(controller_config(kind, max_steps, widths, sizes)),
         log_interval_s=config.stats_log_interval_s,
+        tp=tp_sync_or_none(),
     )
     worker.adaptive_controller = HostAdaptiveController(worker, policy)
     if config.draft_kv_repair:

@@ -39,7 +39,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from sglang_spec_ext.sglang.server_args import plugin_config
-from sglang_spec_ext.sglang.tp_sync import TpSync, tp_sync
+from sglang_spec_ext.sglang.tp_sync import TpDraftError, TpSync, tp_sync
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter
 from sglang_spec_ext.suffix.draft import DraftTree
 from sglang_spec_ext.tree import pack_batch
@@ -195,24 +195,48 @@ class SuffixWorker(NGRAMWorker):
 
     # -- host NGRAM hooks we replace -----------------------------------------
     def _prepare_draft_tokens(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
-        tokens, mask = self._local_drafts(batch)
-        if self._tp_sync is not None:  # TP: every rank verifies the first rank's drafts
-            tokens, mask = self._tp_sync.drafts(tokens, mask)
-        return tokens, mask
+        if self._tp_sync is None:
+            return self._local_drafts(batch)
+        # TP: every rank verifies the first rank's drafts. The broadcast stays outside
+        # the block that can fail: a rank whose drafting raised takes part with a zeroed
+        # contribution; if the first rank failed, every rank plain-decodes the step.
+        ok = True
+        try:
+            tokens, mask = self._local_drafts(batch)
+        except Exception as exc:
+            self._fault("prepare", None, exc)
+            ok = False
+            width = self.draft_token_num
+            tokens = np.zeros((len(batch.reqs) * width,), dtype=np.int64)
+            mask = np.zeros((len(batch.reqs) * width * width,), dtype=bool)
+        try:
+            return self._tp_sync.drafts(tokens, mask, ok=ok)
+        except TpDraftError as exc:
+            self._fault("tp-source", None, exc)
+            return self._root_only_drafts(batch)
+
+    def _root_only_drafts(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Empty drafts (plain decoding through the verify path) for the whole batch:
+        the roots only, the same on every TP rank (they hold the same committed tokens)."""
+        prevs = self._relayed_per_request(batch)
+        roots = [_last_token(req, prev) for req, prev in zip(batch.reqs, prevs, strict=True)]
+        return pack_batch([DraftTree() for _ in roots], roots, self.draft_token_num)
+
+    def _relayed_per_request(self, batch: Any) -> list[list[int]]:
+        """Per request, the accepted tokens of the previous step not yet in
+        ``req.output_ids``. Same splice rule as the host's NGRAM: only overlap mode has
+        such tokens (relayed by the host's future map)."""
+        bs = len(batch.reqs)
+        if not self.enable_overlap or batch.grammar_needs_sync():
+            return [[] for _ in range(bs)]
+        ids, lens, stride = _relayed_tokens(batch.spec_info, bs)
+        return [ids[i * stride : i * stride + lens[i]] for i in range(bs)]
 
     def _local_drafts(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
         self._maybe_log_stats()
-        bs = len(batch.reqs)
         width = self.draft_token_num
-        # Same splice rule as the host's NGRAM: only overlap mode has accepted
-        # tokens that are not yet in req.output_ids.
-        use_prev = self.enable_overlap and not batch.grammar_needs_sync()
-        if use_prev:
-            prev_ids, prev_lens, stride = _relayed_tokens(batch.spec_info, bs)
-
         rids, roots, ok = [], [], []
-        for i, req in enumerate(batch.reqs):
-            prev = prev_ids[i * stride : i * stride + prev_lens[i]] if use_prev else []
+        for req, prev in zip(batch.reqs, self._relayed_per_request(batch), strict=True):
             rids.append(req.rid)
             roots.append(_last_token(req, prev))
             ok.append(self._guarded("sync", req.rid, self._sync, req, prev))

@@ -61,6 +61,9 @@ def test_bench_baseline_vs_suffix(servers, tmp_path: Path, capsys) -> None:
     ]  # fmt: skip
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["status"] == "complete" and doc["parity"]["ok"]
+    # fp32 on the CPU engine: bit-identity is expected, so no caveat is printed
+    assert doc["endpoints"]["speculative"]["parity_fields"]["dtype"] == "float32"
+    assert doc["parity"]["caveats"] == [] and "cannot be expected" not in cap.err
     assert doc["machine"]["cpu_count"] and doc["versions"]["sglang"]
     for cell in doc["cells"]:
         b, s = cell["baseline"], cell["speculative"]

@@ -91,11 +91,15 @@ def test_skipped_steps_count_what_the_next_repair_rebuilds():
     assert (dkr.STATS.unwritten_tokens, dkr.STATS.unwritten_requests) == (0, 0)
 
 
-def test_a_failing_repair_is_logged_and_switches_off(monkeypatch, caplog):
+@pytest.mark.parametrize("stage", ["prepare", "forward"])
+def test_a_failing_repair_is_logged_and_switches_off(monkeypatch, caplog, stage):
     def boom(*_a):
         raise RuntimeError("no extend metadata")
 
-    monkeypatch.setattr(dkr, "_repair", boom)
+    if stage == "prepare":
+        monkeypatch.setattr(dkr, "_prepare_repair", boom)
+    else:
+        monkeypatch.setattr(dkr, "_prepare_repair", lambda *_a: boom)
     draft_worker = SimpleNamespace(
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: True)
     )
@@ -106,7 +110,7 @@ def test_a_failing_repair_is_logged_and_switches_off(monkeypatch, caplog):
         assert dkr._repair_before_draft(draft_worker, batch) is None  # the step goes on
     assert "draft-KV repair failed; switched off" in caplog.text
     assert (dkr.STATS.failures, dkr.STATS.enabled) == (1, False)
-    monkeypatch.setattr(dkr, "_repair", lambda *_a: pytest.fail("ran while switched off"))
+    monkeypatch.setattr(dkr, "_prepare_repair", lambda *_a: pytest.fail("ran while switched off"))
     dkr._repair_before_draft(draft_worker, batch)
 
 

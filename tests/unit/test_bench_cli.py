@@ -71,12 +71,16 @@ def test_bench_cli_table_json_png(tmp_path: Path, capsys: pytest.CaptureFixture)
     with FakeServer(chunk=1) as base, FakeServer(chunk=3) as spec:
         rc = main(_bench("--baseline-url", base.url, "--spec-url", spec.url, "--rates", "20,inf",
                          "--concurrency", "2", "--check-parity", "--out", str(tmp_path)))  # fmt: skip
-    out = capsys.readouterr().out.strip().splitlines()
+    captured = capsys.readouterr()
+    out = captured.out.strip().splitlines()
     assert rc == 0
     assert out[0].startswith("bench (complete)") and out[-1].startswith("tok/s =")
     assert [ln.split()[1] for ln in out[3:6]] == ["rate=20", "rate=inf", "conc=2"]
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["status"] == "complete" and doc["parity"]["ok"]
+    # the fake servers have no /server_info: the run says bit-identity went unchecked
+    assert [c.split(":")[0] for c in doc["parity"]["caveats"]] == ["baseline", "speculative"]
+    assert "cannot be expected to be bit-identical" in captured.err
     assert doc["machine"]["python"] and doc["parameters"]["num_prompts"] == 3
     cell = doc["cells"][0]
     assert cell["baseline"]["completed"] == 3 and cell["speculative"]["output_tokens"] == 18

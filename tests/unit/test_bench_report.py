@@ -98,3 +98,21 @@ def test_parity_compare_reports_position() -> None:
     assert bad["cases"][0]["first_diff"] == 1
     text = parity.describe(bad)
     assert "first difference at output token 1" in text and "request failed" in text
+
+
+def test_parity_caveats_name_the_settings_that_rule_out_bit_identity() -> None:
+    cpu = {"device": "cpu", "dtype": "float32", "kv_cache_dtype": "auto",
+           "enable_deterministic_inference": False}  # fmt: skip
+    assert parity.bit_identity_caveats("speculative", cpu) == []
+    gpu = {**cpu, "device": "cuda", "dtype": "bfloat16"}
+    caveats = parity.bit_identity_caveats("speculative", gpu)
+    assert len(caveats) == 2
+    assert "--dtype bfloat16" in caveats[0] and "--enable-deterministic-inference" in caveats[1]
+    det = {**gpu, "dtype": "float32", "enable_deterministic_inference": True}
+    assert parity.bit_identity_caveats("baseline", det) == []
+    fp8 = {**cpu, "kv_cache_dtype": "fp8_e4m3"}
+    assert "--kv-cache-dtype fp8_e4m3" in parity.bit_identity_caveats("baseline", fp8)[0]
+    assert "unknown" in parity.bit_identity_caveats("baseline", None)[0]
+    result = {**parity.compare([_res([1])], [_res([1])]), "caveats": caveats}
+    text = parity.describe(result)
+    assert text.startswith("parity: OK") and "cannot be expected to be bit-identical" in text

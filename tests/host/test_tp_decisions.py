@@ -1,0 +1,292 @@
+"""Two TP ranks on gloo: every decision a rank could take from local state is the first
+rank's, and a fault on one rank never skips a collective on that rank only.
+
+Each test spawns two processes that join a gloo process group (the kind the host's TP
+group uses for its ``cpu_group``; a plain gloo group stands in for the host's
+``GroupCoordinator``, whose distributed runtime needs the server) with a short
+collective timeout, so a rank left waiting in a collective its partner skipped fails
+the test with an error instead of hanging it. Covered:
+
+* the model-draft controller (``GoodputStepPolicy``, attached by the real ``attach``
+  to the host's real ``adaptive_runtime_state.AdaptiveController`` over a stand-in
+  worker: the real EAGLE worker builds its states from GPU model runners), each rank
+  with its own clock: without TP the ranks choose different step counts, with it both
+  run the first rank's;
+* HYBRID's choice and suffix rows when one rank's suffix drafting raises;
+* SUFFIX drafts when the first rank's drafting raises (every rank plain-decodes the step);
+* the draft-KV repair when one rank cannot prepare it (no rank runs the forward).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch.multiprocessing as mp
+
+STEPS = 240
+BATCH_SIZES = [1, 2, 4, 8]
+COLLECTIVE_TIMEOUT_S = 20
+
+
+def _run_two_ranks(target: Callable[..., dict], tmp_path: Path) -> tuple[dict, dict]:
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank_entry, args=(target, r, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    results = []
+    for r in range(2):
+        out = tmp_path / f"rank{r}.json"
+        assert out.exists(), f"rank {r} wrote no result (exit code {procs[r].exitcode})"
+        results.append(json.loads(out.read_text()))
+    for r, res in enumerate(results):
+        assert "error" not in res, f"rank {r}: {res['error']}"
+    return results[0], results[1]
+
+
+def _rank_entry(target: Callable[..., dict], rank: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from sglang_spec_ext.sglang import cpu_placeholders
+
+    cpu_placeholders.install()
+    for k in list(os.environ):
+        if k.startswith("SGLANG_SPEC_EXT_"):
+            del os.environ[k]
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{out_dir}/store",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    )
+    group = dist.new_group([0, 1], backend="gloo")
+    try:
+        result = target(rank, group)
+    except Exception:  # a collective timeout or a wrong result: reported, not hung
+        result = {"error": traceback.format_exc()}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+# -- the model-draft controller -------------------------------------------------------
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _step_time(rank: int, steps: int, bs: int) -> float:
+    # Rank 1's draft steps look far dearer than rank 0's, as on a slower or busier GPU.
+    per_step = 2e-4 if rank == 0 else 2e-2
+    return 1e-2 + per_step * steps * bs
+
+
+def _controller_rank(rank: int, group) -> dict:
+    from sglang.srt.runtime_context import get_parallel
+
+    from sglang_spec_ext.sglang import model_draft_adaptive as mda
+    from tests.host.test_model_draft_adaptive import StandInWorker
+
+    os.environ["SGLANG_SPEC_EXT_ADAPTIVE"] = "1"
+    result = {}
+    for tp_size in (1, 2):
+        tp_group = SimpleNamespace(cpu_group=group, ranks=[0, 1])
+        with get_parallel().override(tp_size=tp_size, tp_group=tp_group):
+            worker = StandInWorker(steps=3)
+            policy = mda.attach(worker)
+        clock = _Clock()
+        policy._clock = clock
+        host = worker.adaptive_controller
+        host.init_states()
+        chosen = []
+        for step in range(STEPS):
+            bs = BATCH_SIZES[(step // 20) % len(BATCH_SIZES)]
+            host.activate_step_by_batch(bs)
+            steps = worker.speculative_num_steps
+            chosen.append(steps)
+            clock.t += _step_time(rank, steps, bs)
+            host.on_verify_complete([min(steps, 2)] * bs, bs)  # the same text on every rank
+        result[f"tp{tp_size}"] = chosen
+    return result
+
+
+def test_model_draft_controller_runs_the_first_ranks_step_counts(tmp_path):
+    r0, r1 = _run_two_ranks(_controller_rank, tmp_path)
+    assert r0["tp1"] != r1["tp1"], "the clocks did not make the ranks disagree on their own"
+    assert len(set(r0["tp1"])) > 1  # the controller really switched step counts
+    assert r0["tp2"] == r1["tp2"]
+    assert r0["tp2"] == r0["tp1"]  # rank 0 decides, as it would alone
+
+
+# -- HYBRID: a suffix-drafting fault on one rank ---------------------------------------
+def _hybrid_rank(rank: int, group) -> dict:
+    import numpy as np
+
+    from sglang_spec_ext.hybrid import HybridState
+    from sglang_spec_ext.sglang.hybrid_worker import HybridMixin
+    from sglang_spec_ext.sglang.tp_sync import TpSync
+
+    bs, width = 2, 4
+    spliced: list = []
+
+    class Worker(HybridMixin):
+        speculative_num_draft_tokens = width
+
+        def _decide(self, batch, verify_input):
+            if rank == 1:
+                raise IndexError("injected: rank 1's suffix drafter fails")
+            tokens = np.arange(bs * width, dtype=np.int64).reshape(bs, width) + 100
+            masks = np.ones((bs, width, width), dtype=bool)
+            return np.array([1, 0]), tokens, masks
+
+        def _splice(self, batch, vi, rows, tokens, masks):
+            spliced.append([rows, tokens[rows].tolist()])
+
+        def _maybe_log_stats(self):
+            return None
+
+    w = object.__new__(Worker)
+    w.hybrid = HybridState("learned")
+    w._suffix = SimpleNamespace(_maybe_log_stats=lambda: None)
+    w._rids, w._first_prob, w._choice, w._hybrid_faults = set(), {}, [], 0
+    w._tp = TpSync(group, src=0)
+    batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")])
+    choices = []
+    for _ in range(3):
+        w._choose_and_splice(batch, verify_input=None)
+        choices.append(list(w._choice))
+    return {"spliced": spliced, "choices": choices, "faults": w._hybrid_faults}
+
+
+def test_hybrid_fault_on_one_rank_keeps_the_broadcast_and_the_first_ranks_rows(tmp_path):
+    r0, r1 = _run_two_ranks(_hybrid_rank, tmp_path)
+    assert (r0["faults"], r1["faults"]) == (0, 3)
+    assert r0["spliced"] == r1["spliced"] and len(r0["spliced"]) == 3
+    assert r0["choices"] == r1["choices"] == [["suffix", "model"]] * 3
+
+
+# -- SUFFIX: the first rank cannot draft ----------------------------------------------
+def _suffix_rank(rank: int, group) -> dict:
+    from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
+    from sglang_spec_ext.sglang.tp_sync import TpSync
+
+    class Batch:
+        spec_info = None
+
+        def __init__(self, reqs):
+            self.reqs = reqs
+
+        def grammar_needs_sync(self):
+            return False
+
+    reqs = [
+        SimpleNamespace(
+            rid=f"r{i}",
+            origin_input_ids_unpadded=[5, 6, 7, 5, 6, 7, 5, 6],
+            output_ids=[7, 5, 6 + i],
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    w = object.__new__(SuffixWorker)
+    w.draft_token_num = 4
+    w.enable_overlap = False
+    w._init_drafter()
+    w._tp_sync = TpSync(group, src=0)
+    out = {}
+    real_local = w._local_drafts
+    for failing in (1, 0):  # first rank 1's drafting fails, then rank 0's
+
+        def local(batch, real=real_local, failing=failing):
+            if rank == failing:
+                raise RuntimeError(f"injected: rank {failing} cannot draft")
+            return real(batch)
+
+        w._local_drafts = local
+        tokens, mask = w._prepare_draft_tokens(Batch(reqs))
+        out[f"rank{failing}_fails"] = [tokens.tolist(), mask.astype(int).tolist()]
+    del w._local_drafts
+    tokens, mask = w._local_drafts(Batch(reqs))
+    out["own"] = [tokens.tolist(), mask.astype(int).tolist()]
+    out["faults"] = dict(w._faults)
+    return out
+
+
+def test_suffix_fault_on_either_rank_never_skips_the_broadcast(tmp_path):
+    r0, r1 = _run_two_ranks(_suffix_rank, tmp_path)
+    # rank 1 failed: both verify rank 0's drafts
+    assert r0["rank1_fails"] == r1["rank1_fails"]
+    assert r0["rank1_fails"][0] == r0["own"][0]
+    # rank 0 failed: both plain-decode the step (roots only, padding drafts)
+    assert r0["rank0_fails"] == r1["rank0_fails"]
+    tokens = r0["rank0_fails"][0]
+    width = 4
+    assert (tokens[0], tokens[width]) == (6, 7)  # roots: the last committed tokens
+    assert r0["own"][0][1:width] != [0] * (width - 1)  # the real drafts were not empty
+    assert tokens[1:width] == [0] * (width - 1)
+    assert r0["faults"] == {"prepare": 1, "tp-source": 1}
+    assert r1["faults"] == {"prepare": 1, "tp-source": 1}
+
+
+# -- the draft-KV repair: one rank cannot prepare it ----------------------------------
+def _repair_rank(rank: int, group) -> dict:
+    from sglang_spec_ext.sglang import draft_kv_repair as dkr
+    from sglang_spec_ext.sglang.tp_sync import TpSync
+
+    dkr.STATS = dkr.RepairStats()
+    dkr._SYNC[:] = [TpSync(group, src=0)]
+    ran = []
+
+    def prepare(draft_worker, batch, stale):
+        if rank == 1 and len(ran) == 1:
+            raise RuntimeError("injected: rank 1 cannot build the extend batch")
+        return lambda: ran.append(len(ran))
+
+    dkr._prepare_repair = prepare
+    draft_worker = SimpleNamespace(
+        speculative_algorithm=SimpleNamespace(is_standalone=lambda: True)
+    )
+    batch = SimpleNamespace(
+        forward_mode=SimpleNamespace(is_idle=lambda: False),
+        reqs=[SimpleNamespace(**{dkr.STALE_ATTR: 3})],
+    )
+    enabled = []
+    for _ in range(3):
+        dkr._repair_before_draft(draft_worker, batch)
+        enabled.append(dkr.STATS.enabled)
+    return {"ran": len(ran), "enabled": enabled}
+
+
+def test_repair_runs_on_every_rank_or_on_none(tmp_path):
+    r0, r1 = _run_two_ranks(_repair_rank, tmp_path)
+    # step 1: both repair; step 2: rank 1 cannot prepare, so neither runs its forward
+    # and both switch the repair off; step 3: off on both
+    assert r0 == r1 == {"ran": 1, "enabled": [True, False, False]}
+
+
+def test_all_ok_is_true_only_if_every_rank_is(tmp_path):
+    r0, r1 = _run_two_ranks(_all_ok_rank, tmp_path)
+    assert r0 == r1 == {"agreed": [True, False, False, False]}
+
+
+def _all_ok_rank(rank: int, group) -> dict:
+    from sglang_spec_ext.sglang.tp_sync import TpSync
+
+    sync = TpSync(group, src=0)
+    cases = [(True, True), (True, False), (False, True), (False, False)]
+    return {"agreed": [sync.all_ok(ok[rank]) for ok in cases]}
