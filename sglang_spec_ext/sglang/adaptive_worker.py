@@ -23,9 +23,17 @@ decode step (so no extra device sync); the step time fed to the cost model is
 the wall time between two consecutive decode steps of the same batch size,
 which is what bounds decode throughput. With ``--tp-size`` > 1 the first TP
 rank's choice is broadcast to the others (``tp_sync.TpSync``), so all ranks
-verify the same shape. CUDA-graph runners are captured for
-the startup width only; other widths run eagerly (measured by the cost model
-like any other step). Tested end to end on the CPU engine only.
+verify the same shape.
+
+The target's attention metadata follows the width (``verify_width.py``):
+flashinfer, triton and torch_native read it from the verify input; a backend that
+sizes its verify metadata at start-up (FA3, the default on Hopper) gets one
+target attention backend per width, built at start-up by the host's factory and
+swapped into the target model runner before each step. CUDA-graph runners are
+captured for the startup width only; other widths run eagerly (measured by the
+cost model like any other step). Tested end to end on the CPU engine only; the
+metadata of the real FA3, triton and flashinfer code at every width in
+tests/host/test_verify_attention_metadata.py.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import torch
 from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
 from sglang_spec_ext.sglang.server_args import plugin_config
 from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
+from sglang_spec_ext.sglang.verify_width import VerifyWidthBackends
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -80,6 +89,13 @@ class AdaptiveSuffixWorker(SuffixWorker):
         self._width_buffers: dict[int, dict[str, Any]] = {}
         self._pending: tuple | None = None  # (bs, k, accept_lens, rids, t_start)
         self._widths_used: Counter[int] = Counter()
+        self._verify_backends: VerifyWidthBackends | None = None
+
+    def init_cuda_graphs(self) -> None:
+        """After the target's graphs (the scheduler's order): a verify backend per width."""
+        super().init_cuda_graphs()
+        self._verify_backends = VerifyWidthBackends(self.model_runner, self.max_width)
+        self._verify_backends.prepare(range(1, self.max_width + 1))
 
     # -- per-width buffers ------------------------------------------------------
     def _init_preallocated_tensors(self) -> None:
@@ -95,6 +111,18 @@ class AdaptiveSuffixWorker(SuffixWorker):
             setattr(self, name, value)
         self.draft_token_num = width
         self.speculative_num_draft_tokens = width
+        self._use_verify_backend(width)
+
+    def _use_verify_backend(self, width: int) -> None:
+        """The target attention backend that verifies ``width`` tokens per request."""
+        backends = getattr(self, "_verify_backends", None)
+        if backends is None:
+            runner = getattr(self, "model_runner", None)
+            if runner is None or not hasattr(runner, "attn_backend"):
+                return  # no target attention backend (a stand-in runner)
+            # init_cuda_graphs was not called: the backend in place is the startup one.
+            backends = self._verify_backends = VerifyWidthBackends(runner, self.max_width)
+        backends.activate(width)
 
     # -- the step ----------------------------------------------------------------
     def forward_batch_generation(self, batch: Any, on_publish=None, pp_proxy_tensors=None):
