@@ -15,7 +15,7 @@ refused at admission (a 400 answer naming the option) instead of served wrong. T
 check is a ``BEFORE`` hook on the host's ``SamplingParams.verify`` (which the
 tokenizer manager calls for every request and turns a ``ValueError`` into a 400),
 active only when the server runs one of this package's algorithms; the host's own
-algorithms (NGRAM, EAGLE, ...) keep the host's behaviour (see README, known host issues).
+algorithms (NGRAM, EAGLE, ...) keep the host's behaviour (see docs/operations.md, serving under load).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ exact lengths where a kind needs them (prompts right at the context limit).
 
 Inputs on which the host itself fails without any speculation (out-of-vocabulary
 ``input_ids``, an empty prompt with a tokenizer that adds no BOS token) are never
-generated: README.md lists them under known host issues.
+generated: docs/operations.md lists them under known host issues.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class SuffixConfig:
     """
 
     max_depth: int = 64
-    # defaults chosen by `tune` across widths 8/16/32 on the committed traces (README)
+    # defaults chosen by `tune` across widths 8/16/32 on the committed traces (docs/suffix.md)
     max_spec_factor: float = 8.0
     max_spec_offset: float = 4.0
     min_token_prob: float = 0.02

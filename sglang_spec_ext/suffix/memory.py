@@ -10,7 +10,7 @@ to twice that, plus a glibc chunk header), and for nodes with many children a
 share of the child hash index; each token also costs 4 bytes in its sequence.
 
 The figures here are upper bounds from those sizes; measured figures (RSS and
-``SuffixDrafter.stats()["memory_bytes"]``) are in README "Memory" and
+``SuffixDrafter.stats()["memory_bytes"]``) are in docs/operations.md "Memory" and
 benchmarks/results/drafter_memory.json.
 """
 
