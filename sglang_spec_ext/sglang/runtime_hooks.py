@@ -39,15 +39,21 @@ def install_runtime_hooks() -> list[str]:
         from sglang_spec_ext.sglang.host_fixes import install_host_fixes
 
         installed += install_host_fixes()
+        from sglang_spec_ext.sglang.verify_memory import install_verify_memory_check
+
+        installed += install_verify_memory_check()
     else:
         logger.warning(
             "sglang-spec-ext host fixes disabled (SGLANG_SPEC_EXT_HOST_FIXES=0): speculative "
-            "requests near the context limit can leak KV slots (see README, known host issues)"
+            "requests near the context limit can leak KV slots (see docs/operations.md)"
         )
     if config.adaptive:
         from sglang_spec_ext.sglang.model_draft_adaptive import install_model_draft_adaptive
 
         installed += install_model_draft_adaptive()
+        from sglang_spec_ext.sglang.adaptive_kv_reserve import install_adaptive_kv_reserve
+
+        installed += install_adaptive_kv_reserve()
     if config.draft_kv_repair:
         from sglang_spec_ext.sglang.draft_kv_repair import install_draft_kv_repair
 
