@@ -17,6 +17,12 @@ loop is bounded in count and time.
 
     python benchmarks/soak.py                  # short mode: SUFFIX, 120 requests (~2 min)
     python benchmarks/soak.py --mode long      # SUFFIX, adaptive SUFFIX, NGRAM; 2000 each
+    python benchmarks/soak.py --gpu-path both  # speculative servers on the GPU default
+                                               # path's CPU emulation (overlap + graphs)
+
+``--gpu-path overlap|graphs|both`` sets ``SGLANG_SPEC_EXT_CPU_OVERLAP=1`` and/or
+``SGLANG_SPEC_EXT_CPU_GRAPHS=1`` on the speculative servers (the plain reference server
+keeps the CPU engine's own path).
 
 Writes ``benchmarks/results/soak_<mode>.json`` (machine, versions, parameters, per-kind
 counts, verdicts) and prints the table last. Exit 1 if any algorithm fails.
@@ -36,7 +42,11 @@ sys.path.insert(0, str(HERE.parent))
 
 from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
 from sglang_spec_ext.machine import machine_info  # noqa: E402
-from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
+from sglang_spec_ext.sglang.cpu_serving import (  # noqa: E402
+    GPU_PATH_ENV,
+    cpu_serving_env,
+    with_cpu_defaults,
+)
 from sglang_spec_ext.soak import (  # noqa: E402
     ServerHandle,
     build_workload,
@@ -169,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="SGLANG_SPEC_EXT_MAX_CACHED_TOKENS for SUFFIX (default: small, so the run reaches it)",
     )
+    ap.add_argument(
+        "--gpu-path",
+        choices=sorted(GPU_PATH_ENV),
+        default="off",
+        help="emulate the GPU default path on the speculative servers: overlap "
+        "scheduling, graph runners, or both",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--deadline-s", type=float, default=3600.0, help="per-phase time bound")
     ap.add_argument(
@@ -205,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         "mode": args.mode, "requests": n, "context_length": ctx, "max_running_requests": max_running,
         "concurrency": concurrency, "width": args.width, "model": str(model), "seed": args.seed,
         "drafter_max_cached_tokens": drafter_tokens, "algorithms": algorithms,
+        "gpu_path": args.gpu_path, "gpu_path_env": GPU_PATH_ENV[args.gpu_path],
     }  # fmt: skip
     print(f"[soak] {n} requests x {len(algorithms)} algorithm(s); logs in {log_dir}", flush=True)
     rows, record = [], {"machine": machine_info(), "parameters": params, "runs": {}}
@@ -217,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             flags, env = ALGORITHMS[name]
             env = {
                 **env,
+                **GPU_PATH_ENV[args.gpu_path],
                 "SGLANG_SPEC_EXT_MAX_CACHED_TOKENS": str(drafter_tokens),
                 "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "1",
             }
@@ -243,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                 "log": str(server.log_path),
             }
     record["wall_s"] = round(time.monotonic() - t0, 1)
-    out = args.out or HERE / "results" / f"soak_{args.mode}.json"
+    suffix = "" if args.gpu_path == "off" else f"_gpu_path_{args.gpu_path}"
+    out = args.out or HERE / "results" / f"soak_{args.mode}{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(f"[soak] wrote {out} ({record['wall_s']} s)")

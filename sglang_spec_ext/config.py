@@ -30,6 +30,9 @@ ADAPTIVE_PREFIX = "adaptive_"
 #: Variables read at build/install time (setup.py), not by the plugin at run time:
 #: accepted in the environment of a running server and ignored.
 BUILD_TIME_ENV = frozenset({ENV_PREFIX + "NO_NATIVE"})
+#: Test-bed switches read where they act (sglang/cpu_overlap.py, cpu_graphs.py), not
+#: config fields.
+TEST_BED_ENV = frozenset({ENV_PREFIX + "CPU_OVERLAP", ENV_PREFIX + "CPU_GRAPHS"})
 
 
 class ConfigError(ValueError):
@@ -61,7 +64,7 @@ class Field:
         return f"{kind} in [{self.lo:g}, {self.hi:g}]"
 
 
-# The single table of configuration fields. README.md documents each one.
+# The single table of configuration fields. docs/configuration.md documents each one.
 FIELDS: tuple[Field, ...] = (
     # Suffix drafter (SUFFIX algorithm).
     Field("max_depth", int, 64, "longest suffix matched and deepest draft path", 1, 1024),
@@ -74,7 +77,7 @@ FIELDS: tuple[Field, ...] = (
         64.0,
     ),
     # spec_factor, spec_offset and min_token_prob defaults: chosen by `sglang-spec-ext
-    # tune` on the committed traces (README, SUFFIX section, has the command).
+    # tune` on the committed traces (docs/suffix.md has the command).
     Field("spec_offset", float, 4.0, "see spec_factor", -64.0, 1024.0),
     Field(
         "min_token_prob",
@@ -112,7 +115,7 @@ FIELDS: tuple[Field, ...] = (
     Field(
         "global_prompt_cap",
         int,
-        64,  # chosen by `tune` (README): a repeated prompt's tail leads to its answer
+        64,  # chosen by `tune` (docs/suffix.md): a repeated prompt's tail leads to its answer
         "only the last min(this, max_cached_tokens / 2) prompt tokens enter the global tree",
         0,
         1 << 28,
@@ -340,6 +343,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
         if k.startswith(ENV_PREFIX)
         and k != CONFIG_FILE_ENV
         and k not in BUILD_TIME_ENV
+        and k not in TEST_BED_ENV
         and k[len(ENV_PREFIX) :].lower() not in known
     )
     if unknown_env:
@@ -347,7 +351,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
             f"unknown variable(s) {', '.join(unknown_env)}; accepted: "
             + ", ".join(f.env for f in FIELDS)
             + f", {CONFIG_FILE_ENV}, and {ENV_PREFIX}ADAPTIVE_<FIELD> for the adaptive "
-            "controller's fields (README: Adaptive draft width)"
+            "controller's fields (docs/adaptive.md)"
         )
     file_values: dict[str, Any] = {}
     if env.get(CONFIG_FILE_ENV):

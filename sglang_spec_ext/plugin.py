@@ -51,6 +51,9 @@ def register() -> list[str]:
     from sglang_spec_ext.sglang.runtime_hooks import install_runtime_hooks
 
     install_runtime_hooks()
+    from sglang_spec_ext.sglang.cpu_overlap import install_cpu_overlap
+
+    install_cpu_overlap()  # only with SGLANG_SPEC_EXT_CPU_OVERLAP=1 on the CPU engine
     logger.debug("sglang-spec-ext registered %s with sglang %s", ALGORITHMS, version)
     return list(ALGORITHMS)
 

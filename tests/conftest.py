@@ -1,5 +1,12 @@
 """Test-wide set-up.
 
+``--gpu-path overlap|graphs|both`` runs every speculative server the end-to-end tests
+start on the CPU emulation of the GPU default path (``cpu_serving.GPU_PATH_ENV``: overlap
+scheduling, graph runners, or both); the summary prints how many e2e tests ran in that
+mode. CI runs the suite with it off plus one parity test per algorithm and mode
+(``tests/e2e/test_overlap_parity.py`` and its graph counterpart); the whole matrix is
+``bash scripts/test.sh tests/e2e --gpu-path overlap`` (and ``graphs``, ``both``).
+
 Installs the product's placeholder modules for the host's GPU-only imports
 (``sgl_kernel``, ``torchvision``; :mod:`sglang_spec_ext.sglang.cpu_placeholders`,
 the same ones ``sglang-spec-ext serve-cpu`` installs in CPU servers) so real SGLang
@@ -17,5 +24,46 @@ from tests.harness.skip_policy import (  # noqa: E402, F401
     pytest_collectreport,
     pytest_runtest_logreport,
     pytest_sessionfinish,
-    pytest_terminal_summary,
 )
+from tests.harness.skip_policy import (  # noqa: E402
+    pytest_terminal_summary as _skip_summary,
+)
+
+
+def pytest_addoption(parser) -> None:
+    from sglang_spec_ext.sglang.cpu_serving import GPU_PATH_ENV
+
+    parser.addoption(
+        "--gpu-path",
+        choices=sorted(GPU_PATH_ENV),
+        default="off",
+        help="run every speculative e2e server on the CPU emulation of the GPU default "
+        "path (overlap scheduling, graph runners, or both)",
+    )
+
+
+def pytest_configure(config) -> None:
+    import os
+
+    # read by tests/harness/server.py in this process (servers are started from here)
+    os.environ["SPEC_EXT_TEST_GPU_PATH"] = config.getoption("--gpu-path")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    _skip_summary(terminalreporter)
+    mode = config.getoption("--gpu-path")
+    if mode == "off":
+        return
+
+    def e2e(outcome: str) -> int:
+        return sum(
+            1
+            for rep in terminalreporter.stats.get(outcome, [])
+            if "e2e" in getattr(rep, "keywords", {})
+            and (outcome == "skipped" or getattr(rep, "when", "call") == "call")
+        )
+
+    counts = {k: e2e(k) for k in ("passed", "failed", "skipped")}
+    terminalreporter.write_line(
+        f"e2e tests with --gpu-path {mode}: " + ", ".join(f"{n} {k}" for k, n in counts.items())
+    )

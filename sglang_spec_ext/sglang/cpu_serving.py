@@ -128,3 +128,15 @@ def run(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     os.execve(cmd[0], cmd, env)
     return 0  # pragma: no cover - execve does not return
+
+
+#: The GPU default path on the CPU engine, by name: the switches that make the CPU
+#: engine run speculative decoding with overlap scheduling (``cpu_overlap.py``) and/or
+#: emulated graph runners (``cpu_graphs.py``), as a GPU server does by default. The soak
+#: harness (``--gpu-path``) and the test suite (``pytest --gpu-path``) use these names.
+GPU_PATH_ENV: dict[str, dict[str, str]] = {
+    "off": {},
+    "overlap": {"SGLANG_SPEC_EXT_CPU_OVERLAP": "1"},
+    "graphs": {"SGLANG_SPEC_EXT_CPU_GRAPHS": "1"},
+    "both": {"SGLANG_SPEC_EXT_CPU_OVERLAP": "1", "SGLANG_SPEC_EXT_CPU_GRAPHS": "1"},
+}

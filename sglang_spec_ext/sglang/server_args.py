@@ -175,6 +175,8 @@ def _scheduling_defaults(algo: str, args: Any) -> None:
 def handle_hybrid_server_args(algo: str, args: Any) -> None:
     """Host hook ``handle_server_args`` for HYBRID: the host's model-draft settings
     (as its STANDALONE/EAGLE handling resolves them) plus what HYBRID needs."""
+    # HYBRID stays non-overlapped on every device, SGLANG_SPEC_EXT_CPU_OVERLAP included:
+    # its overlap support is a separate piece of work.
     if not _get(args, "disable_overlap_schedule"):
         args.disable_overlap_schedule = True
         logger.warning(
@@ -218,10 +220,17 @@ def handle_server_args(algo: str, args: Any) -> None:
     """Host hook ``handle_server_args``: set every field the NGRAM-shaped path needs."""
     config = plugin_config()
     device = str(_get(args, "device") or "cuda").split(":", 1)[0]
+    # SUFFIX keeps overlap scheduling (the GPU default): its drafter splices the relayed
+    # accepted tokens as the host's NGRAM does. The host has no overlap for speculative
+    # decoding on CPU; SGLANG_SPEC_EXT_CPU_OVERLAP=1 emulates it there (cpu_overlap.py).
     if device == "cpu" and not _get(args, "disable_overlap_schedule"):
-        # The host implements no overlap scheduling for speculative decoding on CPU.
-        args.disable_overlap_schedule = True
-        logger.warning("%s on CPU: overlap scheduling turned off (host limitation).", algo)
+        from sglang_spec_ext.sglang.cpu_overlap import ENV, cpu_overlap_requested
+
+        if cpu_overlap_requested():
+            logger.warning("%s on CPU: overlap scheduling kept on (%s=1).", algo, ENV)
+        else:
+            args.disable_overlap_schedule = True
+            logger.warning("%s on CPU: overlap scheduling turned off (host limitation).", algo)
     _scheduling_defaults(algo, args)
 
     width = _get(args, "speculative_num_draft_tokens")

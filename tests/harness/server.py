@@ -20,7 +20,11 @@ from typing import Any
 import requests
 
 from sglang_spec_ext.bench.servers import free_port
-from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env, placeholder_site_dir
+from sglang_spec_ext.sglang.cpu_serving import (
+    GPU_PATH_ENV,
+    cpu_serving_env,
+    placeholder_site_dir,
+)
 
 #: Where the placeholder ``sitecustomize`` lives (the product's CPU-serving site dir).
 SHIM_DIR = placeholder_site_dir()
@@ -93,6 +97,9 @@ class CPUServer:
             *extra_args,
         ]
         self.env = cpu_server_env(env)
+        if "--speculative-algorithm" in self.args:  # pytest --gpu-path (tests/conftest.py)
+            for key, value in GPU_PATH_ENV[os.environ.get("SPEC_EXT_TEST_GPU_PATH", "off")].items():
+                self.env.setdefault(key, value)  # a test's own setting wins
         self.log_path = Path(log_path or f"/tmp/spec-ext-server-{self.port}.log")
         self.proc: subprocess.Popen | None = None
 
@@ -122,9 +129,10 @@ class CPUServer:
         self.stop()
         raise ServerStartError(f"server not healthy after {timeout:.0f}s:\n{self.log_tail()}")
 
-    def stop(self) -> None:
+    def stop(self, term_wait: float = 20.0) -> None:
+        """Stop the server: SIGTERM, up to ``term_wait`` s for it to exit, then SIGKILL."""
         if self.proc is not None and self.proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 10)):
                 try:
                     os.killpg(self.proc.pid, sig)
                 except ProcessLookupError:
