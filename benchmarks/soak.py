@@ -160,6 +160,28 @@ def launch(
     )
 
 
+def gpu_path_seen(log_path: Path, gpu_path: str, name: str) -> dict[str, object]:
+    """What the server's log proves of the asked-for GPU-path emulation: whether the
+    overlap event loop ran, and its last trace line (relayed decode steps, prefills
+    between decode steps, width changes; HYBRID is not overlapped, by design); how many
+    graph shapes were captured and first replayed (a width the graphs were not captured
+    at runs eagerly, as on a GPU)."""
+    from sglang_spec_ext.sglang.cpu_graphs import CAPTURE_MESSAGE, REPLAY_MESSAGE
+    from sglang_spec_ext.sglang.cpu_overlap import LOOP_MESSAGE, TRACE_MESSAGE, parse_trace
+
+    seen: dict[str, object] = {}
+    env = GPU_PATH_ENV[gpu_path]
+    text = Path(log_path).read_text(errors="replace") if env else ""
+    if "SGLANG_SPEC_EXT_CPU_GRAPHS" in env:  # shapes captured, and first replayed
+        seen["graphs_captured"] = text.count(CAPTURE_MESSAGE)
+        seen["graphs_replayed"] = text.count(REPLAY_MESSAGE)
+    if "SGLANG_SPEC_EXT_CPU_OVERLAP" in env and not name.startswith("HYBRID"):
+        seen["overlap"] = LOOP_MESSAGE in text
+        traces = [ln for ln in text.splitlines() if TRACE_MESSAGE in ln]
+        seen["overlap_trace"] = parse_trace(traces[-1]) if traces else None
+    return seen
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -255,9 +277,15 @@ def main(argv: list[str] | None = None) -> int:
                     drafter_bound_tokens=bound, plain=answers, progress=True, seed=args.seed,
                     guarded=name in GUARDED,
                 )  # fmt: skip
+            gpu_path = gpu_path_seen(server.log_path, args.gpu_path, name)
+            if gpu_path.get("overlap") is False:  # asked for and not run: the soak fails
+                verdict.failures.append("overlap scheduling was asked for but did not run")
+            if gpu_path.get("graphs_captured") == 0:
+                verdict.failures.append("graph emulation was asked for but nothing was captured")
             rows.append((name, verdict))
             record["runs"][name] = {
                 **verdict.as_dict(),
+                "gpu_path_seen": gpu_path,
                 "timing": timing,
                 "log": str(server.log_path),
             }

@@ -4,7 +4,7 @@
 start on the CPU emulation of the GPU default path (``cpu_serving.GPU_PATH_ENV``: overlap
 scheduling, graph runners, or both); the summary prints how many e2e tests ran in that
 mode. CI runs the suite with it off plus one parity test per algorithm and mode
-(``tests/e2e/test_overlap_parity.py`` and its graph counterpart); the whole matrix is
+(``tests/e2e/test_overlap_parity.py``, ``tests/e2e/test_cpu_graphs_serving.py``); the whole matrix is
 ``bash scripts/test.sh tests/e2e --gpu-path overlap`` (and ``graphs``, ``both``).
 
 Installs the product's placeholder modules for the host's GPU-only imports

@@ -67,6 +67,9 @@ def install_runtime_hooks() -> list[str]:
         installed += _install_cpu_draft_attention()
     else:
         logger.debug("CPU kernel fallbacks disabled by configuration")
+    from sglang_spec_ext.sglang.cpu_graphs import install_cpu_graphs
+
+    installed += install_cpu_graphs()  # only with SGLANG_SPEC_EXT_CPU_GRAPHS=1 on the CPU engine
     return installed
 
 

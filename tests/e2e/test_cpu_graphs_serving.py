@@ -1,0 +1,241 @@
+"""Plain decoding through the host's DecodeCudaGraphRunner on the CPU engine
+(``SGLANG_SPEC_EXT_CPU_GRAPHS=1``, sglang/cpu_graphs.py).
+
+The server captures one traced graph per decode batch size (1, 2, 4), pads other batch
+sizes up to a captured one and sends larger batches to the eager path; its greedy
+output must equal the plain server's token for token, and its log must show that the
+captured graphs were replayed. What only a GPU can check is listed in the module
+docstring of ``sglang_spec_ext/sglang/cpu_graphs.py``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import re
+
+import pytest
+
+from sglang_spec_ext.sglang.cpu_graphs import CAPTURE_MESSAGE, ENV, REPLAY_MESSAGE
+
+CAPTURE_BS = (1, 2, 4)
+NEW_TOKENS = 24
+PROMPTS = [
+    "def reverse(items):\n    result = []\n    for item in items:\n",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    ", ".join(str(i) for i in range(30)),
+    "hello world",
+    "A speculative decoder proposes several tokens and the target model",
+    "class Counter:\n    def __init__(self):\n        self.count = 0\n",
+]
+
+
+@pytest.fixture(scope="module")
+def graph_server(tiny_model_dir, start_module_server):
+    return start_module_server(
+        tiny_model_dir,
+        "--cuda-graph-bs-decode",
+        *map(str, CAPTURE_BS),
+        env={ENV: "1"},
+    )
+
+
+def _ids(tok, text: str) -> list[int]:
+    return tok(text)["input_ids"]
+
+
+def _greedy(server, ids, n=NEW_TOKENS):
+    out = server.generate(input_ids=ids, max_new_tokens=n, temperature=0, ignore_eos=True)
+    return out["output_ids"]
+
+
+def _log(server) -> str:
+    return server.log_path.read_text(errors="replace")
+
+
+def test_decode_graphs_are_captured_per_batch_size(graph_server):
+    log = _log(graph_server)
+    assert "DecodeCudaGraphRunner captured bs=[1, 2, 4]" in log, graph_server.log_tail()
+    captured = re.findall(re.escape(CAPTURE_MESSAGE) + r" (.*) \(", log)
+    assert len(captured) == len(CAPTURE_BS), captured
+
+
+def test_sequential_greedy_parity_and_replays(tiny_baseline_server, graph_server, tok):
+    for text in PROMPTS:
+        ids = _ids(tok, text)
+        assert _greedy(graph_server, ids) == _greedy(tiny_baseline_server, ids), text
+    log = _log(graph_server)
+    assert REPLAY_MESSAGE in log, "decode never replayed a captured graph"
+
+
+def _replayed_sizes(server) -> set[int]:
+    return {
+        int(m) for m in re.findall(re.escape(REPLAY_MESSAGE) + r" \S*?size=(\d+)", _log(server))
+    }
+
+
+def _concurrent_parity(base, server, tok, exact_sizes: bool = True) -> None:
+    """Six concurrent requests of different lengths, so the batch shrinks 6 -> 1: 6 and 5
+    exceed the largest captured size and run eager (can_run_graph false), 3 pads to the
+    bs=4 graph, 4, 2 and 1 replay their own; every output must match."""
+    prompts = [_ids(tok, text) for text in PROMPTS]
+    lengths = [8 + 6 * i for i in range(len(prompts))]
+    want = [_greedy(base, ids, n) for ids, n in zip(prompts, lengths, strict=True)]
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda a: _greedy(server, *a), zip(prompts, lengths, strict=True)))
+    assert got == want
+    sizes = _replayed_sizes(server)
+    if exact_sizes:  # one token per step: the batch passes through every size
+        assert sizes == set(CAPTURE_BS), sizes
+    else:  # several tokens per step: requests may finish together and skip a size
+        assert len(sizes) >= 2 and sizes <= set(CAPTURE_BS), sizes
+
+
+def test_concurrent_greedy_parity_padded_and_eager(tiny_baseline_server, graph_server, tok):
+    _concurrent_parity(tiny_baseline_server, graph_server, tok)
+
+
+# ---------------------------------------------------------------------------
+# SUFFIX: the target verify replays the decode graph runner at the verify width
+# ---------------------------------------------------------------------------
+
+WIDTH = 8
+
+
+@pytest.fixture(scope="module")
+def suffix_graph_server(tiny_model_dir, start_module_server):
+    return start_module_server(
+        tiny_model_dir,
+        "--speculative-algorithm",
+        "SUFFIX",
+        "--speculative-num-draft-tokens",
+        str(WIDTH),
+        "--cuda-graph-bs-decode",
+        *map(str, CAPTURE_BS),
+        env={ENV: "1"},
+    )
+
+
+def test_suffix_verify_graphs_greedy_parity(tiny_baseline_server, suffix_graph_server, tok):
+    log = _log(suffix_graph_server)
+    assert "DecodeCudaGraphRunner captured bs=[1, 2, 4]" in log, suffix_graph_server.log_tail()
+    accept = []
+    for text in PROMPTS:
+        ids = _ids(tok, text)
+        out = suffix_graph_server.generate(
+            input_ids=ids, max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True
+        )
+        assert out["output_ids"] == _greedy(tiny_baseline_server, ids), text
+        accept.append(out["meta_info"].get("spec_accept_length") or 0.0)
+    print(f"\nSUFFIX under CPU graphs, accept length per prompt: {accept}")
+    assert max(accept) > 1.5, accept  # the counting prompt repeats itself
+    assert REPLAY_MESSAGE in _log(suffix_graph_server), "verify never replayed a graph"
+
+
+def test_suffix_verify_graphs_concurrent_parity(tiny_baseline_server, suffix_graph_server, tok):
+    _concurrent_parity(tiny_baseline_server, suffix_graph_server, tok, exact_sizes=False)
+
+
+def test_adaptive_suffix_under_graphs_parity(
+    tiny_model_dir, tiny_baseline_server, start_server, tok
+):
+    """The adaptive controller changes the verify width per step: graphs are captured
+    at the startup width only (adaptive_worker.py), so the captured width replays and
+    other widths fail ``can_run_graph`` and run eager, as on a GPU; output stays
+    identical. (The print shows how often the graph path was taken.)"""
+    server = start_server(
+        tiny_model_dir,
+        "--speculative-algorithm",
+        "SUFFIX",
+        "--speculative-num-draft-tokens",
+        str(WIDTH),
+        "--cuda-graph-bs-decode",
+        *map(str, CAPTURE_BS),
+        env={
+            ENV: "1",
+            "SGLANG_SPEC_EXT_ADAPTIVE": "1",
+            "SGLANG_SPEC_EXT_ADAPTIVE_SWITCH_PATIENCE": "2",
+            "SGLANG_SPEC_EXT_ADAPTIVE_PROBE_INTERVAL": "4",
+        },
+    )
+    prompts = [_ids(tok, text) for text in PROMPTS] * 2
+    want = [_greedy(tiny_baseline_server, ids, 40) for ids in prompts]
+    assert [_greedy(server, ids, 40) for ids in prompts[: len(PROMPTS)]] == want[: len(PROMPTS)]
+    with cf.ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda ids: _greedy(server, ids, 40), prompts)) == want
+    log = _log(server)
+    used = set()
+    for line in log.splitlines():
+        if "verify widths used in the last" in line:
+            used |= {int(w) for w in re.findall(r"(\d+): \d+", line[line.index("{") :])}
+    graph_steps = len(re.findall(r"Decode batch.*cpu graph: True", log))
+    eager_steps = len(re.findall(r"Decode batch.*cpu graph: False", log))
+    print(
+        f"\nadaptive SUFFIX under CPU graphs: widths used {sorted(used)}, logged decode "
+        f"batches replayed/eager {graph_steps}/{eager_steps}, "
+        f"first replays: {log.count(REPLAY_MESSAGE)}"
+    )
+    assert log.count(CAPTURE_MESSAGE) == len(CAPTURE_BS)
+
+
+# ---------------------------------------------------------------------------
+# Model drafts: the target verify replays graphs; the draft and draft-extend runners
+# stay eager (the host skips them on CPU; emulating them is the next step)
+# ---------------------------------------------------------------------------
+
+TOPK2 = ("--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
+         "--speculative-num-draft-tokens", "4")  # fmt: skip
+TOPK1 = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "4")  # fmt: skip
+
+
+def _model_draft_parity(base, server, tok, label: str) -> None:
+    accept = []
+    for text in PROMPTS[:4]:
+        ids = _ids(tok, text)
+        out = server.generate(input_ids=ids, max_new_tokens=20, temperature=0, ignore_eos=True)
+        assert out["output_ids"] == _greedy(base, ids, 20), (label, text)
+        accept.append(round(out["meta_info"].get("spec_accept_length") or 0.0, 2))
+    log = _log(server)
+    assert "DecodeCudaGraphRunner captured bs=[1, 2, 4]" in log, server.log_tail()
+    assert REPLAY_MESSAGE in log, f"{label}: the target verify never replayed a graph"
+    print(f"\n{label} under CPU graphs (target verify replayed), accept lengths {accept}")
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "shape"), [("STANDALONE", TOPK2), ("HYBRID", TOPK2)], ids=["standalone", "hybrid"]
+)
+def test_model_draft_target_verify_graphs_parity(
+    algorithm, shape, tiny_model_dir, weak_draft_dir, tiny_baseline_server, start_server, tok
+):
+    server = start_server(
+        tiny_model_dir,
+        "--speculative-algorithm",
+        algorithm,
+        "--speculative-draft-model-path",
+        str(weak_draft_dir),
+        *shape,
+        "--cuda-graph-bs-decode",
+        *map(str, CAPTURE_BS),
+        env={ENV: "1"},
+    )
+    _model_draft_parity(tiny_baseline_server, server, tok, algorithm)
+
+
+def test_eagle3_target_verify_graphs_parity(
+    tiny_model_dir, tmp_path_factory, tiny_baseline_server, start_server, tok
+):
+    from sglang_spec_ext.testing_models import build_eagle3_head
+
+    head = build_eagle3_head(tiny_model_dir, tmp_path_factory.mktemp("eagle3") / "head")
+    server = start_server(
+        tiny_model_dir,
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        str(head),
+        *TOPK1,
+        "--cuda-graph-bs-decode",
+        *map(str, CAPTURE_BS),
+        env={ENV: "1"},
+    )
+    _model_draft_parity(tiny_baseline_server, server, tok, "EAGLE3")
