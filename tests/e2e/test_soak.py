@@ -1,5 +1,6 @@
 """The soak harness's short mode (benchmarks/soak.py) as CI runs it: the real CPU server
-with SUFFIX at width 16 against a plain server, a mixed load at concurrency 16 with
+with SUFFIX at width 16 on the GPU default path's emulation (overlap scheduling and graph
+runners, ``--gpu-path both``) against a plain server, a mixed load at concurrency 16 with
 prompts at the context limit, disconnecting clients, invalid and guarded requests.
 The long mode (thousands of requests, three algorithms) is for people: README."""
 
@@ -17,7 +18,9 @@ def test_soak_short_mode(tmp_path, capsys):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out = tmp_path / "soak.json"
-    code = module.main(["--requests", "100", "--out", str(out), "--log-dir", str(tmp_path)])
+    code = module.main(
+        ["--requests", "100", "--gpu-path", "both", "--out", str(out), "--log-dir", str(tmp_path)]
+    )
     printed = capsys.readouterr().out
     with capsys.disabled():
         print("\n" + printed[-4000:])
@@ -39,3 +42,10 @@ def test_soak_short_mode(tmp_path, capsys):
         <= record["parameters"]["drafter_max_cached_tokens"]
     )
     assert record["machine"] and record["parameters"]["width"] == 16
+    # the GPU default path's emulation really ran: the overlap loop with every decode
+    # step's inputs through the relay, prefills between decode steps, graphs replayed
+    seen = run["gpu_path_seen"]
+    trace = seen["overlap_trace"]
+    assert seen["overlap"] and int(trace["relayed_steps"]) == int(trace["decode_steps"]) > 0
+    assert int(trace["prefills_between_decodes"]) > 0
+    assert seen["graphs_captured"] > 0 and seen["graphs_replayed"] > 0
