@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
+from sglang_spec_ext.sglang import metrics as spec_metrics
 from sglang_spec_ext.sglang.server_args import plugin_config
 from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
 from sglang_spec_ext.sglang.verify_width import VerifyWidthBackends
@@ -148,6 +149,7 @@ class AdaptiveSuffixWorker(SuffixWorker):
         if width < self.max_width and result.next_draft_input is not None:
             self._pad_relay(result.next_draft_input, bs, width)
         self._widths_used[width] += 1
+        spec_metrics.on_adaptive_step("width", self.controller, bs, width, batch.reqs)
         if sum(self._widths_used.values()) >= LOG_EVERY_STEPS:
             logger.info(
                 "SUFFIX adaptive: verify widths used in the last %d decode steps: %s",

@@ -56,6 +56,8 @@ from typing import Any
 
 import torch
 
+from sglang_spec_ext.sglang import metrics as spec_metrics
+
 logger = logging.getLogger("sglang_spec_ext")
 
 SKIP_ZERO_STEP_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
@@ -93,6 +95,7 @@ class RepairStats:
         if self._last_log is None or now - self._last_log >= self.log_interval_s:
             self._last_log = now
             logger.info("%s", self.line())
+            spec_metrics.publish_repairs(self)
 
     def line(self) -> str:
         return STATS_LOG_MARK + " ".join(

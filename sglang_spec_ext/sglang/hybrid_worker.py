@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from sglang_spec_ext.hybrid import MODEL, SUFFIX, Candidate, HybridState, chain_score
+from sglang_spec_ext.sglang import metrics as spec_metrics
 from sglang_spec_ext.sglang.server_args import plugin_config
 from sglang_spec_ext.sglang.tp_sync import tp_sync
 from sglang_spec_ext.sglang.verify_rows import read_tree, write_trees
@@ -325,6 +326,7 @@ class HybridMixin:
             lens = out.accept_lens.cpu().tolist()
             for source, n in zip(choice, lens, strict=True):
                 self.hybrid.record(source, int(n))
+            spec_metrics.note_sources(batch.reqs, choice, lens)
         return out
 
     def hybrid_stats(self) -> dict[str, Any]:
@@ -339,7 +341,9 @@ class HybridMixin:
         if self._stats_logged_at is not None and now - self._stats_logged_at < self._stats_interval:
             return
         self._stats_logged_at = now
-        logger.info("%s%s", STATS_LOG_MARK, json.dumps(self.hybrid_stats(), default=str))
+        stats = self.hybrid_stats()
+        logger.info("%s%s", STATS_LOG_MARK, json.dumps(stats, default=str))
+        spec_metrics.publish_hybrid(stats)
 
 
 def hybrid_worker_class(kind: str) -> type:

@@ -60,6 +60,7 @@ from sglang_spec_ext.adaptive.prior import (
     draft_extend_time,
     sized_prior,
 )
+from sglang_spec_ext.sglang import metrics as spec_metrics
 from sglang_spec_ext.sglang.draft_kv_repair import STATS as REPAIR_STATS
 from sglang_spec_ext.sglang.draft_kv_repair import announce_repair
 from sglang_spec_ext.sglang.tp_sync import TpSync, tp_sync_or_none
@@ -183,6 +184,7 @@ class GoodputStepPolicy:
         """Count the choice; every ``log_interval_s`` log the counts since the last line."""
         tier = int(self.controller.policy.tiers[self.controller.policy.tier_index(bs)])
         self._used.setdefault(tier, Counter())[steps] += 1
+        spec_metrics.on_adaptive_step("steps", self.controller, bs, steps)
         if now - self._logged_at >= self._log_interval_s:
             self._logged_at = now
             counts = {t: dict(sorted(c.items())) for t, c in sorted(self._used.items())}

@@ -6,6 +6,8 @@ Called by :func:`sglang_spec_ext.plugin.register` (so in every process SGLang's
 * the request guard (``sglang/request_guard.py``): options our algorithms would serve
   wrong are refused with a 400 naming the option; always on, inert unless the server
   runs one of our algorithms;
+* our metrics (``sglang/metrics.py``): ``sglang:spec_ext_*`` series on ``/metrics`` with
+  ``--enable-metrics`` and the per-request ``meta_info["spec_ext"]`` record;
 * fixes of host bugs that break speculative serving (``sglang/host_fixes.py``), on
   every host, switched by ``SGLANG_SPEC_EXT_HOST_FIXES`` (default on);
 * with ``SGLANG_SPEC_EXT_ADAPTIVE=1``, the goodput controller for model drafts
@@ -35,6 +37,9 @@ def install_runtime_hooks() -> list[str]:
 
     if install_request_guard():
         installed.append("request_guard")
+    from sglang_spec_ext.sglang.metrics import install_metrics
+
+    installed += install_metrics()  # inert until the host enables metrics / our algorithms run
     if config.host_fixes:
         from sglang_spec_ext.sglang.host_fixes import install_host_fixes
 

@@ -38,6 +38,7 @@ from sglang.srt.runtime_context import get_device, get_schedule, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
+from sglang_spec_ext.sglang import metrics as spec_metrics
 from sglang_spec_ext.sglang.server_args import plugin_config
 from sglang_spec_ext.sglang.tp_sync import TpDraftError, TpSync, tp_sync
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter
@@ -347,7 +348,9 @@ class SuffixWorker(NGRAMWorker):
         if self._stats_logged_at is not None and now - self._stats_logged_at < interval:
             return
         self._stats_logged_at = now
-        logger.info("%s%s", STATS_LOG_MARK, json.dumps(self.drafter_stats(), default=str))
+        stats = self.drafter_stats()
+        logger.info("%s%s", STATS_LOG_MARK, json.dumps(stats, default=str))
+        spec_metrics.publish_drafter(stats, self.drafter.config)
 
     # -- drafter faults ---------------------------------------------------------
     def _guarded(self, stage: str, rid: str, fn: Any, *args: Any) -> bool:

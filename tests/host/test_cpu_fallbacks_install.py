@@ -197,8 +197,9 @@ def test_nothing_installed_when_disabled_on_gpu_or_off_the_cpu_engine():
     env = {"SGLANG_SPEC_EXT_CPU_FALLBACKS": "0", "SGLANG_SPEC_EXT_HOST_FIXES": "0"}
     res = _result(NOTHING_INSTALLED, env=env)
     assert res["is_cpu"] is True  # the scenario really is the CPU engine
-    # The request guard is not configurable (it is what keeps output lossless).
-    assert res["configured_off"] == ["request_guard"]
+    # The request guard is not configurable (it is what keeps output lossless); the
+    # metrics hooks are inert until the host enables metrics or our algorithms run.
+    assert res["configured_off"] == ["request_guard", "metrics"]
     assert res["on_cuda"] == [] and res["not_cpu"] == []
     assert res["still_placeholder"] is True and res["sampling_unset"] is True
     assert not set(OUR_TARGETS) & set(res["hooks"])
