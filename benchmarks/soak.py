@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -175,6 +176,11 @@ def gpu_path_seen(log_path: Path, gpu_path: str, name: str) -> dict[str, object]
     if "SGLANG_SPEC_EXT_CPU_GRAPHS" in env:  # shapes captured, and first replayed
         seen["graphs_captured"] = text.count(CAPTURE_MESSAGE)
         seen["graphs_replayed"] = text.count(REPLAY_MESSAGE)
+        runners: dict[str, dict[str, int]] = {}
+        for key, message in (("captured", CAPTURE_MESSAGE), ("replayed", REPLAY_MESSAGE)):
+            for runner in re.findall(re.escape(message) + r"[^\r\n]*?runner=(\w+)", text):
+                runners.setdefault(runner, {"captured": 0, "replayed": 0})[key] += 1
+        seen["graph_runners"] = runners  # the model drafts' draft / draft-extend runners too
     if "SGLANG_SPEC_EXT_CPU_OVERLAP" in env and not name.startswith("HYBRID"):
         seen["overlap"] = LOOP_MESSAGE in text
         traces = [ln for ln in text.splitlines() if TRACE_MESSAGE in ln]

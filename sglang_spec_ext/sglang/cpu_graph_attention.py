@@ -43,6 +43,37 @@ SEQ_LEN_FILL_VALUE = 1
 BACKEND_CLS = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
 
 
+def masked_table_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    lengths: torch.Tensor,
+    scaling: float | None,
+    enable_gqa: bool,
+) -> torch.Tensor:
+    """One query token per row over the first ``lengths[i]`` KV slots of ``table[i]``.
+
+    ``query`` [N, Hq, D]; ``k_cache``/``v_cache`` [P, Hk, D(v)]; ``table`` [N, W] (KV
+    slots); returns [N, Hq, Dv]. Shapes depend on N and W only (graph-safe).
+    """
+    width = table.shape[1]
+    slots = table.long()
+    keys = k_cache[slots].to(query.dtype).transpose(1, 2)  # [N, Hk, W, D]
+    values = v_cache[slots].to(query.dtype).transpose(1, 2)  # [N, Hk, W, Dv]
+    positions = torch.arange(width, device=query.device)
+    valid = positions.unsqueeze(0) < lengths.unsqueeze(1).to(positions.dtype)  # [N, W]
+    out = scaled_dot_product_attention(
+        query.unsqueeze(2),  # [N, Hq, 1, D]
+        keys,
+        values,
+        attn_mask=valid[:, None, None, :],
+        scale=scaling,
+        enable_gqa=enable_gqa,
+    )
+    return out.squeeze(2)
+
+
 def masked_decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -58,21 +89,47 @@ def masked_decode_attention(
     ``query`` [B, Hq, D]; ``k_cache``/``v_cache`` [P, Hk, D(v)]; ``req_to_token`` [R, L];
     returns [B, Hq, Dv]. Shapes depend on B and L only (graph-safe).
     """
+    rows = req_to_token.index_select(0, req_pool_indices.long())  # [B, L]
+    return masked_table_attention(query, k_cache, v_cache, rows, seq_lens, scaling, enable_gqa)
+
+
+def masked_extend_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scaling: float | None,
+    enable_gqa: bool,
+) -> torch.Tensor:
+    """A causal extend of the same ``n`` tokens per request (a model draft's draft extend):
+    ``seq_lens`` counts them, so query ``j`` of request ``i`` reads its first
+    ``seq_lens[i] - n + j + 1`` KV rows (at least one: padded requests stay finite).
+
+    ``query`` [B * n, Hq, D]; returns [B * n, Hq, Dv]. Shapes depend on B, n and the pool
+    width only (graph-safe).
+    """
+    bs = req_pool_indices.shape[0]
+    n = query.shape[0] // bs
     width = req_to_token.shape[1]
     rows = req_to_token.index_select(0, req_pool_indices.long()).long()  # [B, L]
     keys = k_cache[rows].to(query.dtype).transpose(1, 2)  # [B, Hk, L, D]
-    values = v_cache[rows].to(query.dtype).transpose(1, 2)  # [B, Hk, L, Dv]
+    values = v_cache[rows].to(query.dtype).transpose(1, 2)
+    step = torch.arange(n, device=query.device)
+    limit = (seq_lens.reshape(-1, 1).to(step.dtype) - n + step.unsqueeze(0) + 1).clamp(min=1)
     positions = torch.arange(width, device=query.device)
-    valid = positions.unsqueeze(0) < seq_lens.unsqueeze(1).to(positions.dtype)  # [B, L]
+    mask = positions.view(1, 1, width) < limit.unsqueeze(2)  # [B, n, L]
+    heads, dim = query.shape[1], query.shape[2]
     out = scaled_dot_product_attention(
-        query.unsqueeze(2),  # [B, Hq, 1, D]
+        query.view(bs, n, heads, dim).transpose(1, 2),  # [B, Hq, n, D]
         keys,
         values,
-        attn_mask=valid[:, None, None, :],
+        attn_mask=mask.unsqueeze(1),
         scale=scaling,
         enable_gqa=enable_gqa,
     )
-    return out.squeeze(2)
+    return out.transpose(1, 2).reshape(bs * n, heads, -1)
 
 
 def masked_verify_attention(
@@ -170,25 +227,39 @@ def forward_hook(
     **kwargs: Any,
 ) -> torch.Tensor:
     """AROUND ``TorchNativeAttnBackend.forward``: a verify forward being captured into a
-    graph takes the graph-safe verify (recorded, so every replay runs it); everything else
-    (eager verify, the warm-ups before capture) goes where the host sends it."""
+    graph takes the graph-safe verify (recorded, so every replay runs it); a model draft's
+    draft extend (``DRAFT_EXTEND_V2``) takes the graph-safe masked extend, eagerly and in
+    graphs alike (its capture batch has no prefix lengths for the host's loop); everything
+    else (eager verify, the warm-ups before capture) goes where the host sends it."""
+    mode = forward_batch.forward_mode
     if (
         kwargs
-        or not forward_batch.forward_mode.is_target_verify()
-        or not is_capturing()
+        or not (mode.is_draft_extend_v2() or (mode.is_target_verify() and is_capturing()))
         or not _graph_safe(layer, forward_batch)
         or self.use_sliding_window_kv_pool
     ):
         return original(self, q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-    n = int(forward_batch.spec_info.draft_token_num)
     if save_kv_cache and k is not None and v is not None:
         self.token_to_kv_pool.set_kv_buffer(
             layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v
         )
     heads = layer.tp_q_head_num
     bs = forward_batch.req_pool_indices.shape[0]
+    if mode.is_draft_extend_v2():
+        out = masked_extend_attention(
+            q.reshape(-1, heads, layer.qk_head_dim),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            self.req_to_token_pool.req_to_token,
+            forward_batch.req_pool_indices,
+            forward_batch.seq_lens[:bs],
+            layer.scaling,
+            heads != layer.tp_k_head_num,
+        )
+        return out.reshape(-1, heads * layer.v_head_dim)
+    n = int(forward_batch.spec_info.draft_token_num)
     out = masked_verify_attention(
         q.reshape(-1, heads, layer.qk_head_dim),
         self.token_to_kv_pool.get_key_buffer(layer.layer_id),

@@ -36,13 +36,15 @@ CPU engine running; nothing changes otherwise):
   :class:`CpuTracedGraphBackend`, its device module :class:`CpuGraphDeviceModule`;
 * :func:`graph_mode_hook`: the model runner replays for the modes a GPU replays
   (decode, target verify), not decode only;
-* graph-safe ``torch_native`` decode and verify attention (``cpu_graph_attention.py``).
+* graph-safe ``torch_native`` decode, verify and draft-extend attention
+  (``cpu_graph_attention.py``) and multi-step draft attention (``draft_attention.py``);
+* the model drafts' draft and draft-extend graph runners (``cpu_draft_graphs.py``),
+  which the host does not build on the CPU engine.
 
-Covered so far: plain decoding and the target verify of SUFFIX, NGRAM, STANDALONE,
-EAGLE/EAGLE3 and HYBRID (adaptive SUFFIX replays at its startup width, other widths run
-eager as on a GPU). The model drafts' own draft and draft-extend graph runners are not
-built on the CPU engine (``EagleDraftWorker._capture_cuda_graphs`` returns early there)
-and run eager; other algorithms keep all graphs off under the switch, as without it.
+Covered: plain decoding; the target verify of SUFFIX, NGRAM, STANDALONE, EAGLE/EAGLE3
+and HYBRID (adaptive SUFFIX replays at its startup width, other widths run eager as on a
+GPU); the model drafts' multi-step draft and draft extend. Other algorithms keep all
+graphs off under the switch, as without it.
 
 What the emulation checks: capture per batch size, padding to the captured size and the
 copies into static buffers done by the host runners, ``can_run_graph`` decisions, that
@@ -91,20 +93,15 @@ CAPTURE_DECODE_GRAPH_TARGET = (
 )
 
 
-#: Speculative algorithms whose target verify graph is emulated (the decode graph runner
-#: at the verify width, tested end to end). The model drafts' own draft and draft-extend
-#: runners are not built on CPU (the host skips them there) and run eager.
+#: Speculative algorithms whose graphs are emulated (the target verify through the decode
+#: graph runner at the verify width; for the model drafts also their draft and
+#: draft-extend runners, cpu_draft_graphs.py), tested end to end.
 GRAPH_SPEC_ALGORITHMS = frozenset({"SUFFIX", "NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "HYBRID"})
 #: Logged when a speculative server keeps its graphs off under the switch.
 SPEC_EAGER_MESSAGE = (
     "sglang-spec-ext: CPU graphs cover plain decoding and the target verify of "
     f"{', '.join(sorted(GRAPH_SPEC_ALGORITHMS))} so far; this algorithm runs eager on the "
     "CPU engine"
-)
-#: Logged once for a model-draft server: what is and is not captured.
-DRAFT_EAGER_MESSAGE = (
-    "sglang-spec-ext: CPU graphs: target verify graphs on; the draft and draft-extend "
-    "graph runners are not emulated yet and run eager"
 )
 #: Logged once per captured shape, at its first replay (the e2e tests look for it).
 REPLAY_MESSAGE = "sglang-spec-ext: CPU graph first replay:"
@@ -222,7 +219,10 @@ class TracedGraph:
             raise GraphCaptureError("nested graph capture")
         _capturing = True
         try:
-            program = make_fx(flat, tracing_mode="real", _error_on_data_dependent_ops=False)()
+            # A torch.compile'd function inside the region (the host compiles some draft
+            # helpers) is recorded through its Python body, as its kernels would be on a GPU.
+            with torch._dynamo.config.patch(error_on_nested_fx_trace=False):
+                program = make_fx(flat, tracing_mode="real", _error_on_data_dependent_ops=False)()
         finally:
             _capturing = False
         for node in program.graph.nodes:
@@ -333,7 +333,9 @@ class _BackendMixin:
         graph = TracedGraph(name=str(shape_key))
         graph.capture(forward_fn)
         self._graphs[shape_key] = graph
-        logger.info("%s %s (%d ops)", CAPTURE_MESSAGE, shape_key, graph.num_ops())
+        logger.info(
+            "%s %s (%d ops) runner=%s", CAPTURE_MESSAGE, shape_key, graph.num_ops(), self._runner
+        )
 
     def can_run(self, forward_batch: Any, shape_key: Any) -> bool:
         return shape_key in self._graphs
@@ -346,8 +348,14 @@ class _BackendMixin:
         graph = self._graphs[shape_key]
         out = graph.replay()
         if graph.replay_count == 1:
-            logger.info("%s %s (%d ops)", REPLAY_MESSAGE, shape_key, graph.num_ops())
+            logger.info(
+                "%s %s (%d ops) runner=%s", REPLAY_MESSAGE, shape_key, graph.num_ops(), self._runner
+            )
         return out
+
+    @property
+    def _runner(self) -> str:
+        return type(self._cuda_graph_runner).__name__
 
     def cleanup(self) -> None:
         for graph in self._graphs.values():
@@ -460,10 +468,7 @@ def capture_decode_graph_hook(original: Callable[..., Any], *a: Any, **kw: Any) 
     if not (cpu_graphs_requested() and getattr(model_runner, "device", None) == "cpu"):
         return original(*a, **kw)
     if model_runner.is_draft_worker:
-        return original(*a, **kw)
-    spec = model_runner.spec_algorithm
-    if spec.is_speculative() and not spec.is_ngram():
-        logger.warning(DRAFT_EAGER_MESSAGE)
+        return original(*a, **kw)  # the draft's runners: cpu_draft_graphs.py
     from sglang.srt.model_executor.cuda_graph_config import Backend
     from sglang.srt.runtime_context import get_exec, get_flags
 
@@ -515,6 +520,7 @@ def install_cpu_graphs() -> list[str]:
         return []
     from sglang.srt.plugins.hook_registry import HookType
 
+    from sglang_spec_ext.sglang.cpu_draft_graphs import draft_graph_hooks
     from sglang_spec_ext.sglang.cpu_graph_attention import attention_hooks
     from sglang_spec_ext.sglang.runtime_hooks import register_hooks_once
 
@@ -525,6 +531,7 @@ def install_cpu_graphs() -> list[str]:
             (RESOLVE_DECODE_BACKEND_TARGET, resolve_decode_backend_hook, HookType.AROUND),
             (CAPTURE_DECODE_GRAPH_TARGET, capture_decode_graph_hook, HookType.AROUND),
             *attention_hooks(),
+            *draft_graph_hooks(),
         ]
     )
     return [
@@ -532,4 +539,5 @@ def install_cpu_graphs() -> list[str]:
         "cpu_graphs_backend",
         "cpu_graphs_decode_runner",
         "cpu_graphs_attention",
+        "cpu_graphs_draft_runners",
     ]

@@ -55,18 +55,22 @@ def draft_decode_table(
     seq_lens: torch.Tensor,
     topk: int,
     num_steps: int,
+    width: int | None = None,
 ) -> torch.Tensor:
     """The KV slots each draft branch reads, one row per (request, branch).
 
     Row ``b * topk + t`` holds request ``b``'s ``seq_lens[b]`` committed slots followed
     by branch ``t``'s ``num_steps`` draft slots
     (``req_to_token[r, seq_len + t * num_steps : seq_len + (t + 1) * num_steps]``);
-    entries past ``seq_lens[b] + num_steps`` are 0. Shape ``[bs * topk, max(seq_lens)
-    + num_steps]``, dtype of ``req_to_token``.
+    entries past ``seq_lens[b] + num_steps`` are 0. Shape ``[bs * topk, width]``, dtype
+    of ``req_to_token``; ``width`` defaults to ``max(seq_lens) + num_steps`` (a host read);
+    a fixed ``width`` (the pool's row length) keeps the shape independent of the
+    lengths, as a captured graph needs.
     """
     bs = seq_lens.numel()
     seq = seq_lens.reshape(-1).to(torch.int64)
-    width = (int(seq.max()) if bs else 0) + num_steps
+    if width is None:
+        width = (int(seq.max()) if bs else 0) + num_steps
     device = req_to_token.device
     col = torch.arange(width, device=device, dtype=torch.int64)[None, None, :]  # [1, 1, W]
     branch = torch.arange(topk, device=device, dtype=torch.int64)[None, :, None]  # [1, K, 1]
@@ -87,7 +91,7 @@ def _host_backend_class() -> type:
     return TorchNativeAttnBackend
 
 
-def _make_step_backend(model_runner: Any) -> Any:
+def _make_step_backend(model_runner: Any, masked: bool = False) -> Any:
     """One per-step draft decode backend: ``torch_native`` reading a per-branch KV table."""
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
@@ -96,11 +100,14 @@ def _make_step_backend(model_runner: Any) -> Any:
     class TorchNativeDraftStepBackend(base):  # type: ignore[misc, valid-type]
         """``TorchNativeAttnBackend`` whose decode reads :func:`draft_decode_table` rows."""
 
-        def __init__(self, runner: Any) -> None:
+        def __init__(self, runner: Any, masked: bool = False) -> None:
             super().__init__(runner)
             # (table [bs*topk, W], seq_lens [bs*topk], row indices [bs*topk]), set per draft
             self.draft_decode_metadata: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
             self.draft_decode_metadata = None
+            #: Dense masked attention over a fixed-width table (graph-safe) instead of
+            #: the host's per-request loop (CPU graph emulation).
+            self.masked = masked
 
         def forward_decode(
             self,
@@ -122,6 +129,19 @@ def _make_step_backend(model_runner: Any) -> Any:
                     layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v
                 )
             window = layer.sliding_window_size
+            if self.masked and (window is None or window <= -1):
+                from sglang_spec_ext.sglang.cpu_graph_attention import masked_table_attention
+
+                out = masked_table_attention(
+                    q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
+                    self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+                    self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+                    table,
+                    seq_lens,
+                    layer.scaling,
+                    layer.tp_q_head_num != layer.tp_k_head_num,
+                )
+                return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
             self._run_sdpa_forward_decode(
                 q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
                 o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
@@ -139,20 +159,34 @@ def _make_step_backend(model_runner: Any) -> Any:
             )
             return o
 
-    return TorchNativeDraftStepBackend(model_runner)
+    return TorchNativeDraftStepBackend(model_runner, masked)
 
 
 class TorchNativeMultiStepDraftBackend:
     """The multi-step draft decode container for ``torch_native`` (the host's
-    ``*MultiStepDraftBackend`` shape: ``attn_backends[i]`` serves draft step ``i``)."""
+    ``*MultiStepDraftBackend`` shape: ``attn_backends[i]`` serves draft step ``i``).
 
-    def __init__(self, model_runner: Any, topk: int, speculative_num_steps: int) -> None:
+    ``graph_safe`` (on under ``SGLANG_SPEC_EXT_CPU_GRAPHS=1``): the per-branch table has
+    the pool's row length and the step backends attend densely with a length mask, so
+    the host's draft graph runner (``EAGLEDraftCudaGraphRunner``) can capture the whole
+    draft; eager drafts then compute the same thing. It also carries the graph-runner
+    interface that runner calls (``init_cuda_graph_state``, the out-of-graph and
+    in-graph metadata)."""
+
+    def __init__(
+        self,
+        model_runner: Any,
+        topk: int,
+        speculative_num_steps: int,
+        graph_safe: bool = False,
+    ) -> None:
         self.topk = topk
         self.speculative_num_steps = speculative_num_steps
         self.device = model_runner.device
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.graph_safe = graph_safe
         self.attn_backends: list[Any] = [
-            _make_step_backend(model_runner) for _ in range(speculative_num_steps - 1)
+            _make_step_backend(model_runner, graph_safe) for _ in range(speculative_num_steps - 1)
         ]
 
     def init_forward_metadata(self, forward_batch: Any) -> None:
@@ -163,12 +197,28 @@ class TorchNativeMultiStepDraftBackend:
             seq_lens,
             self.topk,
             self.speculative_num_steps,
+            width=self.req_to_token.shape[1] if self.graph_safe else None,
         )
         rows = torch.arange(table.shape[0], dtype=torch.int64, device=table.device)
         expanded = seq_lens.repeat_interleave(self.topk)
         for step, backend in enumerate(self.attn_backends):
             backend.init_forward_metadata(forward_batch)
             backend.draft_decode_metadata = (table, expanded + step + 1, rows)
+
+    # The graph runner's interface (only the graph-safe form is ever captured).
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        for backend in self.attn_backends:
+            backend.init_cuda_graph_state(max_bs, max_num_tokens)
+
+    def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False) -> None:
+        """Nothing to prepare outside the graph: lengths and pool indices are read from
+        the runner's static buffers inside it."""
+
+    def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
+        """Recorded into the draft graph: the fixed-width table from the static buffers."""
+        if not self.graph_safe:
+            raise RuntimeError("torch_native draft decode captured without its graph-safe form")
+        self.init_forward_metadata(forward_batch)
 
 
 def _resolved_backend(factory: Any, phase: str) -> str | None:
@@ -236,8 +286,13 @@ def create_decode_backend_hook(original: Callable[..., Any], factory: Any) -> An
         attn_backend_wrapper_for_draft_decode,
     )
 
+    from sglang_spec_ext.sglang.cpu_graphs import cpu_graphs_requested
+
     backend = TorchNativeMultiStepDraftBackend(
-        factory.draft_model_runner, factory.topk, factory.speculative_num_steps
+        factory.draft_model_runner,
+        factory.topk,
+        factory.speculative_num_steps,
+        graph_safe=cpu_graphs_requested(),
     )
     wrapped = attn_backend_wrapper_for_draft_decode(factory.draft_model_runner, backend)
     _stamp(wrapped, children=True)

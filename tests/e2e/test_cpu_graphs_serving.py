@@ -1,5 +1,7 @@
-"""Plain decoding through the host's DecodeCudaGraphRunner on the CPU engine
-(``SGLANG_SPEC_EXT_CPU_GRAPHS=1``, sglang/cpu_graphs.py).
+"""Graph runners on the CPU engine (``SGLANG_SPEC_EXT_CPU_GRAPHS=1``, sglang/cpu_graphs.py):
+plain decoding and target verify through the host's DecodeCudaGraphRunner, the model
+drafts' draft and draft extend through its EAGLEDraft(Extend)CudaGraphRunner
+(sglang/cpu_draft_graphs.py).
 
 The server captures one traced graph per decode batch size (1, 2, 4), pads other batch
 sizes up to a captured one and sends larger batches to the eager path; its greedy
@@ -178,8 +180,8 @@ def test_adaptive_suffix_under_graphs_parity(
 
 
 # ---------------------------------------------------------------------------
-# Model drafts: the target verify replays graphs; the draft and draft-extend runners
-# stay eager (the host skips them on CPU; emulating them is the next step)
+# Model drafts: the target verify, the multi-step draft and the draft extend replay
+# graphs (the host skips the draft's two runners on CPU; cpu_draft_graphs.py builds them)
 # ---------------------------------------------------------------------------
 
 TOPK2 = ("--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
@@ -197,8 +199,21 @@ def _model_draft_parity(base, server, tok, label: str) -> None:
         accept.append(round(out["meta_info"].get("spec_accept_length") or 0.0, 2))
     log = _log(server)
     assert "DecodeCudaGraphRunner captured bs=[1, 2, 4]" in log, server.log_tail()
-    assert REPLAY_MESSAGE in log, f"{label}: the target verify never replayed a graph"
-    print(f"\n{label} under CPU graphs (target verify replayed), accept lengths {accept}")
+    for runner in ("DecodeCudaGraphRunner", *DRAFT_RUNNERS):
+        captured = _runner_sizes(log, CAPTURE_MESSAGE, runner)
+        replayed = _runner_sizes(log, REPLAY_MESSAGE, runner)
+        assert captured == set(CAPTURE_BS), (label, runner, captured)
+        assert replayed, f"{label}: {runner} never replayed a graph"
+    print(f"\n{label} under CPU graphs (verify, draft, draft extend replayed), accept {accept}")
+
+
+#: The model draft's own graph runners (built on CPU by cpu_draft_graphs.py).
+DRAFT_RUNNERS = ("EAGLEDraftCudaGraphRunner", "EAGLEDraftExtendCudaGraphRunner")
+
+
+def _runner_sizes(log: str, message: str, runner: str) -> set[int]:
+    pattern = re.escape(message) + r" \S*?size=(\d+).*runner=" + re.escape(runner) + r"\b"
+    return {int(m) for m in re.findall(pattern, log)}
 
 
 @pytest.mark.parametrize(
@@ -239,3 +254,33 @@ def test_eagle3_target_verify_graphs_parity(
         env={ENV: "1"},
     )
     _model_draft_parity(tiny_baseline_server, server, tok, "EAGLE3")
+
+
+def test_draft_graphs_draft_what_the_eager_draft_drafts(
+    tiny_model_dir, weak_draft_dir, tiny_baseline_server, start_server, tok
+):
+    """A chain draft (3 steps) whose draft and draft-extend graphs replay proposes the
+    tokens the eager draft proposes: per prompt, the same accept length as a server
+    with graphs off (a replay that read stale capture-time inputs would propose other
+    tokens and accept fewer), and the output of plain serving."""
+    args = (
+        "--speculative-algorithm", "STANDALONE",
+        "--speculative-draft-model-path", str(weak_draft_dir),
+        *TOPK1, "--cuda-graph-bs-decode", *map(str, CAPTURE_BS),
+    )  # fmt: skip
+    graphs = start_server(tiny_model_dir, *args, env={ENV: "1"})
+    eager = start_server(tiny_model_dir, *args, env={ENV: "0"})
+    accept = {}
+    for name, server in (("graphs", graphs), ("eager", eager)):
+        accept[name] = []
+        for text in PROMPTS[:4]:
+            ids = _ids(tok, text)
+            out = server.generate(input_ids=ids, max_new_tokens=20, temperature=0, ignore_eos=True)
+            assert out["output_ids"] == _greedy(tiny_baseline_server, ids, 20), (name, text)
+            accept[name].append(out["meta_info"]["spec_accept_length"])
+    log = _log(graphs)
+    for runner in DRAFT_RUNNERS:
+        assert _runner_sizes(log, REPLAY_MESSAGE, runner), f"{runner} never replayed"
+    assert not _runner_sizes(_log(eager), CAPTURE_MESSAGE, DRAFT_RUNNERS[0])
+    print(f"\nchain draft accept lengths: graphs {accept['graphs']}, eager {accept['eager']}")
+    assert accept["graphs"] == pytest.approx(accept["eager"], abs=1e-6)

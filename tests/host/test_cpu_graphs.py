@@ -513,3 +513,143 @@ def test_verify_forward_takes_the_graph_path_only_while_capturing():
 
     assert forward_hook(original, backend, None, None, None, layer, fb) is eager
     assert taken == ["eager"]
+
+
+# ---------------------------------------------------------------------------
+# The model draft's own graphs (sglang/cpu_draft_graphs.py, draft_attention.py)
+# ---------------------------------------------------------------------------
+
+
+def _host_extend_loop(query, k_cache, v_cache, req_to_token, idx, seq_lens, n):
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    out = torch.empty_like(query)
+    return TorchNativeAttnBackend._run_sdpa_forward_extend(
+        None,
+        query,
+        out,
+        k_cache,
+        v_cache,
+        req_to_token,
+        idx,
+        seq_lens,
+        seq_lens - n,
+        torch.full_like(seq_lens, n),
+        scaling=0.5,
+        enable_gqa=query.shape[1] != k_cache.shape[1],
+        causal=True,
+    )
+
+
+@torch.inference_mode()
+def test_masked_extend_attention_matches_host_loop_and_replays_new_lengths():
+    """The draft extend (n tokens per request, causal over the request's KV) computed
+    densely with a mask equals the host's per-request loop, and a captured one follows
+    new lengths and pool rows at replay."""
+    from sglang_spec_ext.sglang.cpu_graph_attention import masked_extend_attention
+
+    _, k_cache, v_cache, req_to_token = _attention_case(seed=2)
+    n = 3
+    g = torch.Generator().manual_seed(5)
+    query = torch.randn(3 * n, 4, 8, generator=g)
+    idx, lens = torch.tensor([2, 0, 3]), torch.tensor([5, 12, 3])
+
+    def masked():
+        return masked_extend_attention(query, k_cache, v_cache, req_to_token, idx, lens, 0.5, True)
+
+    torch.testing.assert_close(
+        masked(), _host_extend_loop(query, k_cache, v_cache, req_to_token, idx, lens, n)
+    )
+    graph = TracedGraph()
+    graph.capture(masked)
+    idx.copy_(torch.tensor([1, 3, 2]))
+    lens.copy_(torch.tensor([9, 4, 11]))
+    torch.testing.assert_close(
+        graph.replay(), _host_extend_loop(query, k_cache, v_cache, req_to_token, idx, lens, n)
+    )
+
+
+def test_compiled_function_inside_a_capture_is_recorded():
+    """The host torch.compile's a draft helper (_select_top_k_tokens_later); a capture
+    records its body (as a GPU capture records its kernels) and replays it on new inputs."""
+    x = torch.zeros(4)
+
+    @torch.compile(dynamic=True)
+    def helper(t):
+        return t * 2 + 1
+
+    graph = TracedGraph()
+    out = graph.capture(lambda: helper(x))
+    torch.testing.assert_close(out, torch.ones(4))
+    x.copy_(torch.arange(4.0))
+    torch.testing.assert_close(graph.replay(), torch.arange(4.0) * 2 + 1)
+
+
+@torch.inference_mode()
+def test_graph_safe_multi_step_draft_replays_new_lengths():
+    """The torch_native multi-step draft backend in its graph-safe form, captured the way
+    the host's draft runner captures it (metadata in the graph, then a step's attention),
+    replays with the lengths and pool rows copied in later."""
+    from types import SimpleNamespace
+
+    from sglang_spec_ext.sglang.draft_attention import TorchNativeMultiStepDraftBackend
+
+    g = torch.Generator().manual_seed(3)
+    heads, kv_heads, dim, slots = 4, 2, 8, 256
+    req_to_token = torch.randperm(slots, generator=g)[:200].view(4, 50).to(torch.int32)
+    k_pool = torch.randn(slots, kv_heads, dim, generator=g)
+    v_pool = torch.randn(slots, kv_heads, dim, generator=g)
+    pool = SimpleNamespace(
+        req_to_token=req_to_token,
+        get_key_buffer=lambda _i: k_pool,
+        get_value_buffer=lambda _i: v_pool,
+    )
+    runner = SimpleNamespace(device="cpu", req_to_token_pool=pool, token_to_kv_pool=pool)
+    topk, steps = 2, 3
+    layer = SimpleNamespace(tp_q_head_num=heads, tp_k_head_num=kv_heads, qk_head_dim=dim,
+                            v_head_dim=dim, layer_id=0, scaling=dim**-0.5,
+                            is_cross_attention=False, sliding_window_size=-1)  # fmt: skip
+    q = torch.randn(2 * topk, heads * dim, generator=g)
+    batch = SimpleNamespace(req_pool_indices=torch.tensor([2, 0]), seq_lens=torch.tensor([7, 12]),
+                            out_cache_loc=None, encoder_lens=None)  # fmt: skip
+
+    def draft_step(backend, step):
+        backend.init_forward_metadata_in_graph(batch)
+        return backend.attn_backends[step].forward_decode(
+            q, None, None, layer, batch, save_kv_cache=False
+        )
+
+    captured = TorchNativeMultiStepDraftBackend(runner, topk, steps, graph_safe=True)
+    graph = TracedGraph()
+    graph.capture(lambda: draft_step(captured, 1))
+    batch.req_pool_indices.copy_(torch.tensor([1, 3]))
+    batch.seq_lens.copy_(torch.tensor([20, 4]))
+    eager = TorchNativeMultiStepDraftBackend(runner, topk, steps)  # the host loop
+    eager.init_forward_metadata(batch)
+    want = eager.attn_backends[1].forward_decode(q, None, None, layer, batch, save_kv_cache=False)
+    torch.testing.assert_close(graph.replay(), want)
+    with pytest.raises(RuntimeError, match="graph-safe"):
+        eager.init_forward_metadata_in_graph(batch)
+
+
+def test_draft_graph_runners_only_with_the_switch_on_cpu(monkeypatch):
+    """Without the switch (or off the CPU engine) the hook returns what the host built and
+    adds nothing; the hooked host target exists."""
+    from types import SimpleNamespace
+
+    from sglang_spec_ext.sglang import cpu_draft_graphs
+
+    module_path, cls_name, attr = cpu_draft_graphs.CAPTURE_DRAFT_GRAPHS_TARGET.rsplit(".", 2)
+    assert callable(getattr(getattr(importlib.import_module(module_path), cls_name), attr))
+
+    def host(worker):
+        worker.cuda_graph_runner = None
+        worker.cuda_graph_runner_for_draft_extend = None
+        return "host"
+
+    for env, device in (("", "cpu"), ("1", "cuda")):
+        monkeypatch.setenv(cpu_graphs.ENV, env)
+        worker = SimpleNamespace(device=device, speculative_num_steps=3)
+        assert cpu_draft_graphs.capture_draft_graphs_hook(host, worker) == "host"
+        assert worker.cuda_graph_runner is None
+        assert worker.cuda_graph_runner_for_draft_extend is None

@@ -42,6 +42,11 @@ def test_draft_decode_table_matches_reference(bs, topk, num_steps):
     )
     assert got.dtype == req_to_token.dtype
     assert torch.equal(got, want)
+    # The graph-safe form: the pool's row length, the same slots, zeros after them.
+    fixed = draft_decode_table(req_to_token, req_pool_indices, seq_lens, topk, num_steps, pool_len)
+    assert fixed.shape == (bs * topk, pool_len)
+    assert torch.equal(fixed[:, : want.shape[1]], want)
+    assert not fixed[:, want.shape[1] :].any()
 
 
 class _Pool:
@@ -63,9 +68,11 @@ class _Pool:
         return self.v
 
 
-def test_multi_step_backend_attends_prefix_and_own_branch():
+@pytest.mark.parametrize("graph_safe", [False, True], ids=["host-loop", "graph-safe"])
+def test_multi_step_backend_attends_prefix_and_own_branch(graph_safe):
     """Real host TorchNativeAttnBackend underneath; the runner, pools and layer are
-    minimal stand-ins (a real ModelRunner needs a loaded model)."""
+    minimal stand-ins (a real ModelRunner needs a loaded model). ``graph_safe`` is the
+    form the CPU graph emulation captures (fixed-width table, masked attention)."""
     from types import SimpleNamespace
 
     from sglang_spec_ext.sglang.draft_attention import TorchNativeMultiStepDraftBackend
@@ -77,7 +84,7 @@ def test_multi_step_backend_attends_prefix_and_own_branch():
                  torch.randn(slots, kv_heads, dim, generator=g))  # fmt: skip
     runner = SimpleNamespace(device="cpu", req_to_token_pool=pool, token_to_kv_pool=pool)
     topk, steps = 2, 3
-    backend = TorchNativeMultiStepDraftBackend(runner, topk, steps)
+    backend = TorchNativeMultiStepDraftBackend(runner, topk, steps, graph_safe=graph_safe)
     assert len(backend.attn_backends) == steps - 1
     req_pool_indices = torch.tensor([2, 0])
     seq_lens = torch.tensor([7, 12])
