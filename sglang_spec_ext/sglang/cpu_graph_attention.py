@@ -93,6 +93,29 @@ def masked_decode_attention(
     return masked_table_attention(query, k_cache, v_cache, rows, seq_lens, scaling, enable_gqa)
 
 
+def _requests_sdpa(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float | None,
+    enable_gqa: bool,
+) -> torch.Tensor:
+    """SDPA of ``n`` query tokens per request: ``query`` [B * n, Hq, D], ``keys`` /
+    ``values`` [B, Hk, K, D(v)], ``mask`` [B, n, K] bool; returns [B * n, Hq, Dv]."""
+    bs, n = mask.shape[0], mask.shape[1]
+    heads, dim = query.shape[1], query.shape[2]
+    out = scaled_dot_product_attention(
+        query.view(bs, n, heads, dim).transpose(1, 2),  # [B, Hq, n, D]
+        keys,
+        values,
+        attn_mask=mask.unsqueeze(1),
+        scale=scaling,
+        enable_gqa=enable_gqa,
+    )
+    return out.transpose(1, 2).reshape(bs * n, heads, -1)
+
+
 def masked_extend_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -120,16 +143,7 @@ def masked_extend_attention(
     limit = (seq_lens.reshape(-1, 1).to(step.dtype) - n + step.unsqueeze(0) + 1).clamp(min=1)
     positions = torch.arange(width, device=query.device)
     mask = positions.view(1, 1, width) < limit.unsqueeze(2)  # [B, n, L]
-    heads, dim = query.shape[1], query.shape[2]
-    out = scaled_dot_product_attention(
-        query.view(bs, n, heads, dim).transpose(1, 2),  # [B, Hq, n, D]
-        keys,
-        values,
-        attn_mask=mask.unsqueeze(1),
-        scale=scaling,
-        enable_gqa=enable_gqa,
-    )
-    return out.transpose(1, 2).reshape(bs * n, heads, -1)
+    return _requests_sdpa(query, keys, values, mask, scaling, enable_gqa)
 
 
 def masked_verify_attention(
@@ -159,16 +173,7 @@ def masked_verify_attention(
     positions = torch.arange(width, device=query.device)
     prefix = positions.unsqueeze(0) < seq_lens.unsqueeze(1).to(positions.dtype)  # [B, L]
     mask = torch.cat([prefix.unsqueeze(1).expand(bs, n, width), visible], dim=2)
-    heads, dim = query.shape[1], query.shape[2]
-    out = scaled_dot_product_attention(
-        query.view(bs, n, heads, dim).transpose(1, 2),  # [B, Hq, n, D]
-        keys,
-        values,
-        attn_mask=mask.unsqueeze(1),
-        scale=scaling,
-        enable_gqa=enable_gqa,
-    )
-    return out.transpose(1, 2).reshape(bs * n, heads, -1)
+    return _requests_sdpa(query, keys, values, mask, scaling, enable_gqa)
 
 
 def stage_verify_mask(buffer: torch.Tensor, custom_mask: torch.Tensor | None) -> None:
