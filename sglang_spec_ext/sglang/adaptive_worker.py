@@ -29,9 +29,10 @@ The target's attention metadata follows the width (``verify_width.py``):
 flashinfer, triton and torch_native read it from the verify input; a backend that
 sizes its verify metadata at start-up (FA3, the default on Hopper) gets one
 target attention backend per width, built at start-up by the host's factory and
-swapped into the target model runner before each step. CUDA-graph runners are
-captured for the startup width only; other widths run eagerly (measured by the
-cost model like any other step). Tested end to end on the CPU engine only; the
+swapped into the target model runner before each step. With CUDA graphs on, the
+target's verify graph runner is captured at every width the controller can choose
+(:func:`verify_graph_widths`), each with its own attention backend, and swapped in
+with the width. Tested end to end on the CPU engine (with its graph emulation); the
 metadata of the real FA3, triton and flashinfer code at every width in
 tests/host/test_verify_attention_metadata.py.
 """
@@ -80,6 +81,13 @@ def adaptive_config_for(max_width: int) -> AdaptiveConfig:
     return adaptive_config(plugin_config(), max_k=max_width - 1)
 
 
+def verify_graph_widths(max_width: int) -> tuple[int, ...]:
+    """The verify widths the controller can choose (its candidate draft lengths + 1,
+    capped by the startup width): each gets its own target verify graphs."""
+    ks = adaptive_config_for(max_width).ks
+    return tuple(sorted({min(k + 1, max_width) for k in ks} | {max_width}))
+
+
 class AdaptiveSuffixWorker(SuffixWorker):
     """``--speculative-algorithm SUFFIX`` with ``SGLANG_SPEC_EXT_ADAPTIVE=1``."""
 
@@ -97,6 +105,7 @@ class AdaptiveSuffixWorker(SuffixWorker):
         super().init_cuda_graphs()
         self._verify_backends = VerifyWidthBackends(self.model_runner, self.max_width)
         self._verify_backends.prepare(range(1, self.max_width + 1))
+        self._verify_backends.prepare_graphs(verify_graph_widths(self.max_width))
 
     # -- per-width buffers ------------------------------------------------------
     def _init_preallocated_tensors(self) -> None:

@@ -42,9 +42,9 @@ CPU engine running; nothing changes otherwise):
   which the host does not build on the CPU engine.
 
 Covered: plain decoding; the target verify of SUFFIX, NGRAM, STANDALONE, EAGLE/EAGLE3
-and HYBRID (adaptive SUFFIX replays at its startup width, other widths run eager as on a
-GPU); the model drafts' multi-step draft and draft extend. Other algorithms keep all
-graphs off under the switch, as without it.
+and HYBRID (adaptive SUFFIX at each width its controller can choose); the model drafts'
+multi-step draft and draft extend. Other algorithms keep all graphs off under the
+switch, as without it.
 
 What the emulation checks: capture per batch size, padding to the captured size and the
 copies into static buffers done by the host runners, ``can_run_graph`` decisions, that

@@ -27,7 +27,8 @@ Runners sized by ``W``: the target's verify graph; for model drafts (HYBRID) als
 draft-extend graph (``eagle_draft_extend_cuda_graph_runner.py``: ``max_bs x W``
 tokens); with the adaptive controller on model drafts, both again per step-count state
 at that state's width (``model_draft_adaptive.tree_verify_widths``, ``steps + 1`` for
-chains). With a hybrid attention backend whose verify runs on the prefill backend,
+chains); with the adaptive controller on SUFFIX and graphs on, the target's verify
+graph again at each width it can choose (``adaptive_worker.verify_graph_widths``). With a hybrid attention backend whose verify runs on the prefill backend,
 both backends allocate.
 
 Verify logits: the target's logits for ``max_bs x W`` rows, float32, in the graph
@@ -289,6 +290,13 @@ def shape_of(model_runner: Any) -> VerifyShape | None:
         if load_config().adaptive:
             for w in _adaptive_widths(steps, topk, width):
                 widths += (w, w)
+    if algo == "SUFFIX" and cuda_graphs:
+        from sglang_spec_ext.config import load_config
+
+        if load_config().adaptive:
+            from sglang_spec_ext.sglang.adaptive_worker import verify_graph_widths
+
+            widths += tuple(w for w in verify_graph_widths(width) if w != width)
     backends = [str(getattr(model_runner, "decode_attention_backend_str", "") or "")]
     prefill = str(getattr(model_runner, "prefill_attention_backend_str", "") or "")
     if prefill and prefill != backends[0] and spec.speculative_attention_mode == "prefill":

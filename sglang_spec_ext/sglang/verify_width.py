@@ -20,12 +20,20 @@ state per step count, swapped before the step), :class:`VerifyWidthBackends` kee
 one target attention backend per width for a backend of the second kind, built with
 the host's own factory (``ModelRunner._get_attention_backend``) while the
 resolved ``speculative_num_draft_tokens`` is that width, and swaps
-``model_runner.attn_backend`` before each step. The startup width keeps the
-backend the host built (and captured its CUDA graphs with); other widths run
-eagerly: the host's decode graph runner already refuses a verify whose
-``num_tokens_per_req`` differs from its capture width. Backends are built at
-start-up (``AdaptiveSuffixWorker.init_cuda_graphs``), so a backend that cannot be
-built per width stops the server there, with the flag to change.
+``model_runner.attn_backend`` before each step.
+
+CUDA graphs: the host's decode graph runner refuses a verify whose
+``num_tokens_per_req`` differs from its capture width, so with graphs on every width
+but the startup one would run eagerly. Where the startup width has a graph runner,
+:meth:`VerifyWidthBackends.prepare_graphs` builds, for each width the controller can
+choose, a graph runner of the same class captured at that width
+(``attn_backend=`` / ``speculative_num_draft_tokens=``, as the host's adaptive EAGLE
+builds its per-state target runners) on an attention backend of its own (graph state
+buffers belong to a backend, so even flashinfer and triton get one per width), and
+:meth:`activate` swaps ``model_runner.decode_cuda_graph_runner`` with the backend.
+Everything is built at start-up (``AdaptiveSuffixWorker.init_cuda_graphs``), so a
+backend or runner that cannot be built per width stops the server there, with the
+flag to change.
 
 tests/host/test_verify_attention_metadata.py checks the metadata of the real FA3,
 triton and flashinfer code at every width, page size 1 and 16.
@@ -93,6 +101,10 @@ class VerifyWidthBackends:
         #: True when the startup backend serves every width.
         self.shared = reads_width_from_spec_info(self.startup_backend)
         self._backends: dict[int, Any] = {startup_width: self.startup_backend}
+        #: The startup width's graph runner (``None`` without graphs) and, per other
+        #: width with graphs, (its own attention backend, its graph runner).
+        self.startup_graphs: Any = getattr(model_runner, "decode_cuda_graph_runner", None)
+        self._graphs: dict[int, tuple[Any, Any]] = {}
 
     def prepare(self, widths: Iterable[int]) -> None:
         """Build the backends of ``widths`` now (at start-up), not during a step."""
@@ -109,6 +121,46 @@ class VerifyWidthBackends:
                 self.startup_width,
             )
 
+    def prepare_graphs(self, widths: Iterable[int]) -> None:
+        """A graph runner per width in ``widths`` (at start-up), where the startup width
+        has one; a width without one verifies eagerly."""
+        if self.startup_graphs is None:
+            return
+        runner_cls = type(self.startup_graphs)
+        built = []
+        for width in sorted(set(widths) - {self.startup_width} - set(self._graphs)):
+            backend = self._build(width, own_workspace=True)
+            try:
+                with resolved_verify_width(width):
+                    graphs = runner_cls(
+                        self.model_runner, attn_backend=backend, speculative_num_draft_tokens=width
+                    )
+            except Exception as exc:
+                raise VerifyWidthBackendError(
+                    f"SGLANG_SPEC_EXT_ADAPTIVE=1: could not capture the target's "
+                    f"{runner_cls.__name__} at verify width {width} ({type(exc).__name__}: "
+                    f"{exc}). Lower --cuda-graph-max-bs-decode or "
+                    "--speculative-num-draft-tokens, or unset SGLANG_SPEC_EXT_ADAPTIVE to "
+                    "verify at the fixed width."
+                ) from exc
+            self._graphs[width] = (backend, graphs)
+            built.append(width)
+        if built:
+            logger.info(
+                "SUFFIX adaptive: target verify graphs captured at widths %s besides the "
+                "startup width %d (%s)",
+                built,
+                self.startup_width,
+                runner_cls.__name__,
+            )
+
+    @property
+    def graph_widths(self) -> list[int]:
+        """Widths whose verify replays CUDA graphs."""
+        if self.startup_graphs is None:
+            return []
+        return sorted({self.startup_width, *self._graphs})
+
     def backend(self, width: int) -> Any:
         """The target attention backend that verifies ``width`` tokens per request."""
         if self.shared:
@@ -119,18 +171,26 @@ class VerifyWidthBackends:
         return backend
 
     def activate(self, width: int) -> None:
-        """Make the target model runner verify ``width`` tokens per request."""
+        """Make the target model runner verify ``width`` tokens per request (with that
+        width's graphs where it has them)."""
+        state = self._graphs.get(width)
+        if state is not None:
+            self.model_runner.attn_backend, self.model_runner.decode_cuda_graph_runner = state
+            return
         self.model_runner.attn_backend = self.backend(width)
+        if self.startup_graphs is not None:
+            self.model_runner.decode_cuda_graph_runner = self.startup_graphs
 
-    def _build(self, width: int) -> Any:
+    def _build(self, width: int, own_workspace: bool = False) -> Any:
         runner = self.model_runner
         name = backend_name(self.startup_backend)
         saved_workspace = getattr(runner, "init_new_workspace", False)
         try:
             with resolved_verify_width(width):
-                # The target's backends run one at a time on one stream, so they can
-                # share the host's workspace buffer (no new one per width).
-                backend = runner._get_attention_backend(init_new_workspace=False)
+                # Eager backends run one at a time on one stream, so they can share the
+                # host's workspace buffer; a graph's backend gets its own (as the host's
+                # adaptive EAGLE states do).
+                backend = runner._get_attention_backend(init_new_workspace=own_workspace)
         except Exception as exc:
             raise VerifyWidthBackendError(
                 f"SGLANG_SPEC_EXT_ADAPTIVE=1: the target attention backend {name} keeps "

@@ -140,10 +140,11 @@ def test_suffix_verify_graphs_concurrent_parity(tiny_baseline_server, suffix_gra
 def test_adaptive_suffix_under_graphs_parity(
     tiny_model_dir, tiny_baseline_server, start_server, tok
 ):
-    """The adaptive controller changes the verify width per step: graphs are captured
-    at the startup width only (adaptive_worker.py), so the captured width replays and
-    other widths fail ``can_run_graph`` and run eager, as on a GPU; output stays
-    identical. (The print shows how often the graph path was taken.)"""
+    """The adaptive controller changes the verify width per step: the target's verify
+    graphs are captured at every width it can choose (adaptive_worker.py,
+    verify_width.py), each swapped in with its width, so graphs replay at several
+    widths; output stays identical. (The print shows how often the graph path was
+    taken.)"""
     server = start_server(
         tiny_model_dir,
         "--speculative-algorithm",
@@ -176,7 +177,15 @@ def test_adaptive_suffix_under_graphs_parity(
         f"batches replayed/eager {graph_steps}/{eager_steps}, "
         f"first replays: {log.count(REPLAY_MESSAGE)}"
     )
-    assert log.count(CAPTURE_MESSAGE) == len(CAPTURE_BS)
+    from sglang_spec_ext.sglang.adaptive_worker import verify_graph_widths
+
+    graph_widths = verify_graph_widths(WIDTH)
+    assert len(graph_widths) > 2, graph_widths
+    assert log.count(CAPTURE_MESSAGE) == len(CAPTURE_BS) * len(graph_widths)
+    # each captured graph logs its first replay: more than one batch size's worth means
+    # graphs of several widths replayed
+    assert log.count(REPLAY_MESSAGE) > len(CAPTURE_BS), log.count(REPLAY_MESSAGE)
+    assert graph_steps > 0
 
 
 # ---------------------------------------------------------------------------

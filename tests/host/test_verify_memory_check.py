@@ -67,9 +67,9 @@ print("RESULT", json.dumps(res))
 """
 
 
-def _run(algo: str, free_gib: float) -> dict:
+def _run(algo: str, free_gib: float, env: dict[str, str] | None = None) -> dict:
     code = SCENARIO.replace("sys.argv[1], float(sys.argv[2])", f"{algo!r}, {free_gib!r}")
-    return snippet_result(code)
+    return snippet_result(code, env=env)
 
 
 def test_a_verify_width_that_does_not_fit_is_refused_before_graph_capture():
@@ -94,3 +94,15 @@ def test_a_width_that_fits_and_other_algorithms_go_on_to_the_hosts_capture():
         assert res["outcome"] not in ("VerifyMemoryError", "returned"), res
         assert "sglang-spec-ext" not in res.get("message", ""), res
         assert res["asked"] == ([["cuda", 0, False]] if algo == "SUFFIX" else []), res
+
+
+def test_adaptive_suffix_counts_a_verify_graph_per_width_it_can_choose():
+    """With the controller on, SUFFIX captures the target's verify graphs at every width
+    it can choose (adaptive_worker.verify_graph_widths): the check sizes all of them."""
+    from sglang_spec_ext.sglang.adaptive_worker import verify_graph_widths
+
+    res = _run("SUFFIX", 3.0, env={"SGLANG_SPEC_EXT_ADAPTIVE": "1"})
+    assert res["outcome"] == "VerifyMemoryError", res
+    widths = [64, *(w for w in verify_graph_widths(64) if w != 64)]
+    assert len(widths) > 2
+    assert f"{len(widths)} graph runner(s) of widths {widths}" in res["message"], res["message"]
