@@ -35,7 +35,7 @@ factory.draft_model_runner = SimpleNamespace(
 factory.draft_attn_backend = None
 with mock.patch("sglang.srt.runtime_context.attention_backends",
                 return_value=("torch_native", "torch_native")), \\
-     mock.patch.object(da, "_make_step_backend", lambda runner: SimpleNamespace()):
+     mock.patch.object(da, "_make_step_backend", lambda runner, masked=False: SimpleNamespace()):
     backend = factory.create_decode_backend()
     res["decode"] = [type(backend).__name__, len(backend.attn_backends),
                      backend.decode_attention_backend_str]
