@@ -104,8 +104,10 @@ class AdaptiveSuffixWorker(SuffixWorker):
         """After the target's graphs (the scheduler's order): a verify backend per width."""
         super().init_cuda_graphs()
         self._verify_backends = VerifyWidthBackends(self.model_runner, self.max_width)
-        self._verify_backends.prepare(range(1, self.max_width + 1))
+        # Graphs first: a width with graphs verifies on its graphs' backend, so prepare()
+        # then builds eager backends only for the widths without.
         self._verify_backends.prepare_graphs(verify_graph_widths(self.max_width))
+        self._verify_backends.prepare(range(1, self.max_width + 1))
 
     # -- per-width buffers ------------------------------------------------------
     def _init_preallocated_tensors(self) -> None:

@@ -43,6 +43,17 @@ SEQ_LEN_FILL_VALUE = 1
 BACKEND_CLS = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
 
 
+def _gather_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V rows of ``slots`` ([B, W] KV slots) as [B, Hk, W, D(v)] in ``dtype``."""
+    slots = slots.long()
+    return (
+        k_cache[slots].to(dtype).transpose(1, 2),
+        v_cache[slots].to(dtype).transpose(1, 2),
+    )
+
+
 def masked_table_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -58,9 +69,7 @@ def masked_table_attention(
     slots); returns [N, Hq, Dv]. Shapes depend on N and W only (graph-safe).
     """
     width = table.shape[1]
-    slots = table.long()
-    keys = k_cache[slots].to(query.dtype).transpose(1, 2)  # [N, Hk, W, D]
-    values = v_cache[slots].to(query.dtype).transpose(1, 2)  # [N, Hk, W, Dv]
+    keys, values = _gather_kv(k_cache, v_cache, table, query.dtype)  # [N, Hk, W, D(v)]
     positions = torch.arange(width, device=query.device)
     valid = positions.unsqueeze(0) < lengths.unsqueeze(1).to(positions.dtype)  # [N, W]
     out = scaled_dot_product_attention(
@@ -136,9 +145,8 @@ def masked_extend_attention(
     bs = req_pool_indices.shape[0]
     n = query.shape[0] // bs
     width = req_to_token.shape[1]
-    rows = req_to_token.index_select(0, req_pool_indices.long()).long()  # [B, L]
-    keys = k_cache[rows].to(query.dtype).transpose(1, 2)  # [B, Hk, L, D]
-    values = v_cache[rows].to(query.dtype).transpose(1, 2)
+    rows = req_to_token.index_select(0, req_pool_indices.long())  # [B, L]
+    keys, values = _gather_kv(k_cache, v_cache, rows, query.dtype)  # [B, Hk, L, D(v)]
     step = torch.arange(n, device=query.device)
     limit = (seq_lens.reshape(-1, 1).to(step.dtype) - n + step.unsqueeze(0) + 1).clamp(min=1)
     positions = torch.arange(width, device=query.device)
@@ -168,8 +176,7 @@ def masked_verify_attention(
     width = req_to_token.shape[1]
     rows = req_to_token.index_select(0, req_pool_indices.long()).long()  # [B, L]
     slots = torch.cat([rows, draft_slots.long()], dim=1)  # [B, L + n]
-    keys = k_cache[slots].to(query.dtype).transpose(1, 2)  # [B, Hk, L + n, D]
-    values = v_cache[slots].to(query.dtype).transpose(1, 2)
+    keys, values = _gather_kv(k_cache, v_cache, slots, query.dtype)  # [B, Hk, L + n, D(v)]
     positions = torch.arange(width, device=query.device)
     prefix = positions.unsqueeze(0) < seq_lens.unsqueeze(1).to(positions.dtype)  # [B, L]
     mask = torch.cat([prefix.unsqueeze(1).expand(bs, n, width), visible], dim=2)

@@ -123,7 +123,6 @@ def _make_step_backend(model_runner: Any, masked: bool = False) -> Any:
                 return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
             table, seq_lens, rows = self.draft_decode_metadata
             q = q.reshape(-1, layer.tp_q_head_num * layer.qk_head_dim)
-            o = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
             if save_kv_cache and k is not None and v is not None:
                 self.token_to_kv_pool.set_kv_buffer(
                     layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v
@@ -142,6 +141,7 @@ def _make_step_backend(model_runner: Any, masked: bool = False) -> Any:
                     layer.tp_q_head_num != layer.tp_k_head_num,
                 )
                 return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+            o = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
             self._run_sdpa_forward_decode(
                 q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
                 o.view(-1, layer.tp_q_head_num, layer.v_head_dim),

@@ -154,15 +154,12 @@ class VerifyWidthBackends:
                 runner_cls.__name__,
             )
 
-    @property
-    def graph_widths(self) -> list[int]:
-        """Widths whose verify replays CUDA graphs."""
-        if self.startup_graphs is None:
-            return []
-        return sorted({self.startup_width, *self._graphs})
-
     def backend(self, width: int) -> Any:
-        """The target attention backend that verifies ``width`` tokens per request."""
+        """The target attention backend that verifies ``width`` tokens per request (a
+        width with graphs: the backend its graphs were captured with)."""
+        state = self._graphs.get(width)
+        if state is not None:
+            return state[0]
         if self.shared:
             return self.startup_backend
         backend = self._backends.get(width)
@@ -173,13 +170,12 @@ class VerifyWidthBackends:
     def activate(self, width: int) -> None:
         """Make the target model runner verify ``width`` tokens per request (with that
         width's graphs where it has them)."""
-        state = self._graphs.get(width)
-        if state is not None:
-            self.model_runner.attn_backend, self.model_runner.decode_cuda_graph_runner = state
-            return
         self.model_runner.attn_backend = self.backend(width)
         if self.startup_graphs is not None:
-            self.model_runner.decode_cuda_graph_runner = self.startup_graphs
+            state = self._graphs.get(width)
+            self.model_runner.decode_cuda_graph_runner = (
+                self.startup_graphs if state is None else state[1]
+            )
 
     def _build(self, width: int, own_workspace: bool = False) -> Any:
         runner = self.model_runner
