@@ -21,8 +21,21 @@ void append_tail(std::vector<int32_t>& out, const int32_t* t, size_t n, size_t k
 }
 }  // namespace
 
-Engine::Engine(const EngineConfig& cfg)
-    : cfg_(cfg), global_(cfg.max_depth), credit_(cfg.step_insert_tokens) {
+std::shared_ptr<const CorpusTree> build_corpus(const std::vector<std::vector<int32_t>>& docs,
+                                               int max_depth) {
+  auto c = std::make_shared<CorpusTree>();
+  c->tree = std::make_unique<SuffixTree>(max_depth);
+  for (const auto& d : docs) {
+    if (d.empty()) continue;
+    const int sid = c->tree->add_sequence();
+    c->tree->extend(sid, d.data(), d.size());
+    c->tree->finish_sequence(sid);
+    c->tokens += static_cast<int64_t>(d.size());
+  }
+  return c;
+}
+
+Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), credit_(cfg.step_insert_tokens) {
   if (cfg_.max_request_tokens < cfg_.max_depth) {
     throw std::invalid_argument("max_request_tokens must be >= max_depth");
   }
@@ -44,7 +57,23 @@ int64_t Engine::global_prompt_tokens() const {
   return std::min(cfg_.global_prompt_cap, cfg_.max_cached_tokens / 2);
 }
 
-void Engine::start(int64_t h, const std::vector<int32_t>& prompt) {
+// A new cached sequence of scope `key` (created if absent), the newest.
+int64_t Engine::new_cached(const std::string& key, int64_t owner) {
+  while (static_cast<int64_t>(cached_.size()) >= cfg_.max_cached_requests && evict_oldest()) {
+  }
+  auto it = scopes_.find(key);
+  if (it == scopes_.end()) it = scopes_.emplace(key, std::make_unique<Scope>(cfg_.max_depth)).first;
+  Scope* s = it->second.get();
+  const int64_t uid = next_uid_++;
+  fifo_.push_back(uid);
+  s->fifo.push_back(uid);
+  s->cached += 1;
+  cached_.emplace(uid, Cached{s->tree.add_sequence(), s, key, owner, Queue{}, false});
+  return uid;
+}
+
+void Engine::start(int64_t h, const std::vector<int32_t>& prompt, const std::string& scope,
+                   bool use_global) {
   if (reqs_.count(h)) throw std::invalid_argument("request handle already active");
   const size_t n = prompt.size();
   Request r;
@@ -53,15 +82,12 @@ void Engine::start(int64_t h, const std::vector<int32_t>& prompt) {
   const size_t keep_local = std::min(n, static_cast<size_t>(cfg_.max_request_tokens));
   r.queue.tokens.assign(prompt.end() - keep_local, prompt.end());
   append_tail(r.tail, prompt.data(), n, static_cast<size_t>(cfg_.max_depth));
-  if (global_enabled()) {
-    while (static_cast<int64_t>(cached_.size()) >= cfg_.max_cached_requests) evict_oldest();
-    const int gsid = global_.add_sequence();
-    r.guid = next_uid_++;
-    fifo_.push_back(r.guid);
-    Cached c{gsid, h, Queue{}, false};
+  r.scope = scope;
+  r.use_global = use_global;
+  if (global_enabled() && use_global) {
+    r.guid = new_cached(scope, h);
     const size_t keep = std::min(n, static_cast<size_t>(global_prompt_tokens()));
-    c.queue.tokens.assign(prompt.end() - keep, prompt.end());
-    cached_.emplace(r.guid, std::move(c));
+    cached_.at(r.guid).queue.tokens.assign(prompt.end() - keep, prompt.end());
   }
   work_.emplace_back(h, r.guid);
   reqs_.emplace(h, std::move(r));
@@ -75,11 +101,16 @@ void Engine::insert_local(Request& r, const int32_t* t, size_t n) {
   if (tree.live_size(0) > cfg_.max_request_tokens) tree.trim_front(0, size - cfg_.max_request_tokens);
 }
 
-// May evict `c` itself (the caller must not use it afterwards).
-void Engine::insert_global(Cached& c, const int32_t* t, size_t n) {
-  global_.extend(c.sid, t, n);
-  enforce_token_bound();
+// May evict `c` itself and its scope (the caller must not use them afterwards).
+void Engine::global_extend(Cached& c, const int32_t* t, size_t n) {
+  SuffixTree& tree = c.scope->tree;
+  const int64_t before = tree.live_tokens();
+  tree.extend(c.sid, t, n);
+  total_live_ += tree.live_tokens() - before;
+  const std::string key = c.key;
+  enforce_bounds(key);
 }
+
 
 void Engine::extend(int64_t h, const std::vector<int32_t>& tokens) {
   Request& r = get(h);
@@ -95,7 +126,7 @@ void Engine::extend(int64_t h, const std::vector<int32_t>& tokens) {
     if (!c.queue.empty()) {
       c.queue.tokens.insert(c.queue.tokens.end(), tokens.begin(), tokens.end());
     } else {
-      insert_global(c, tokens.data(), n);
+      global_extend(c, tokens.data(), n);
     }
   }
 }
@@ -121,14 +152,18 @@ void Engine::advance() {
       Cached& c = cit->second;
       Queue& q = c.queue;
       const size_t k = std::min(q.left(), static_cast<size_t>(credit_));
-      global_.extend(c.sid, q.tokens.data() + q.pos, k);
+      SuffixTree& tree = c.scope->tree;
+      const int64_t before = tree.live_tokens();
+      tree.extend(c.sid, q.tokens.data() + q.pos, k);
       q.pos += k;
       credit_ -= static_cast<int64_t>(k);
       if (q.empty()) {
         q = Queue{};
-        if (c.finished) global_.finish_sequence(c.sid);
+        if (c.finished) tree.finish_sequence(c.sid);
       }
-      enforce_token_bound();  // may evict uid
+      total_live_ += tree.live_tokens() - before;
+      const std::string key = c.key;
+      enforce_bounds(key);  // may evict uid
       continue;
     }
     work_.pop_front();
@@ -146,7 +181,7 @@ void Engine::finish(int64_t h) {
   if (r.guid >= 0) {
     Cached& c = cached_.at(r.guid);
     if (c.queue.empty()) {
-      global_.finish_sequence(c.sid);
+      c.scope->tree.finish_sequence(c.sid);
     } else {
       c.finished = true;
     }
@@ -157,11 +192,22 @@ void Engine::finish(int64_t h) {
 
 void Engine::abort(int64_t h) {
   Request& r = get(h);
-  if (r.guid >= 0) {
-    global_.remove_sequence(cached_.at(r.guid).sid);
-    cached_.erase(r.guid);
-  }
+  if (r.guid >= 0) drop_cached(r.guid);
   reqs_.erase(h);
+}
+
+void Engine::drop_cached(int64_t uid) {
+  auto it = cached_.find(uid);
+  Cached& c = it->second;
+  Scope* s = c.scope;
+  const int64_t before = s->tree.live_tokens();
+  s->tree.remove_sequence(c.sid);
+  total_live_ += s->tree.live_tokens() - before;
+  if (c.owner >= 0) reqs_.at(c.owner).guid = -1;
+  s->cached -= 1;
+  const std::string key = c.key;
+  cached_.erase(it);
+  if (s->cached == 0 && !key.empty()) scopes_.erase(key);
 }
 
 void Engine::reset() {
@@ -170,28 +216,101 @@ void Engine::reset() {
   fifo_.clear();
   work_.clear();
   credit_ = cfg_.step_insert_tokens;
-  global_ = SuffixTree(cfg_.max_depth);
+  total_live_ = 0;
+  scopes_.clear();
+  // The shared scope stays (its nodes reserved); other scopes grow on demand.
+  Scope& shared = *scopes_.emplace("", std::make_unique<Scope>(cfg_.max_depth)).first->second;
   if (global_enabled()) {
-    const int64_t want = 2 * cfg_.max_cached_tokens + 2;
-    global_.reserve_nodes(std::min(static_cast<size_t>(want), kMaxReservedNodes));
+    const int64_t want = 2 * std::min(cfg_.max_cached_tokens, cfg_.max_scope_tokens) + 2;
+    shared.tree.reserve_nodes(std::min(static_cast<size_t>(want), kMaxReservedNodes));
   }
 }
 
-void Engine::evict_oldest() {
+void Engine::compact() {
+  for (auto& kv : scopes_) kv.second->tree.compact();
+}
+
+bool Engine::evict_oldest() {
   while (!fifo_.empty()) {
     const int64_t uid = fifo_.front();
     fifo_.pop_front();
-    auto it = cached_.find(uid);
-    if (it == cached_.end()) continue;  // aborted earlier
-    global_.remove_sequence(it->second.sid);
-    if (it->second.owner >= 0) reqs_.at(it->second.owner).guid = -1;
-    cached_.erase(it);
-    return;
+    if (cached_.count(uid) == 0) continue;  // aborted or evicted earlier
+    drop_cached(uid);
+    return true;
+  }
+  return false;
+}
+
+bool Engine::evict_oldest_in(Scope& s) {
+  while (!s.fifo.empty()) {
+    const int64_t uid = s.fifo.front();
+    s.fifo.pop_front();
+    if (cached_.count(uid) == 0) continue;
+    drop_cached(uid);  // may erase `s`
+    return true;
+  }
+  return false;
+}
+
+// Scope `key` within max_scope_tokens (its oldest first), then every scope
+// together within max_cached_tokens (the oldest of any scope first).
+void Engine::enforce_bounds(const std::string& key) {
+  for (;;) {
+    auto it = scopes_.find(key);
+    if (it == scopes_.end() || it->second->tree.live_tokens() <= cfg_.max_scope_tokens) break;
+    if (!evict_oldest_in(*it->second)) break;
+  }
+  while (total_live_ > cfg_.max_cached_tokens && evict_oldest()) {
   }
 }
 
-void Engine::enforce_token_bound() {
-  while (global_.live_tokens() > cfg_.max_cached_tokens && !cached_.empty()) evict_oldest();
+const Engine::Scope* Engine::scope_of(const Request& r) const {
+  if (!r.use_global) return nullptr;
+  auto it = scopes_.find(r.scope);
+  return it == scopes_.end() ? nullptr : it->second.get();
+}
+
+void Engine::add_corpus(const std::string& name, std::shared_ptr<const CorpusTree> corpus,
+                        const std::vector<std::string>& scopes) {
+  if (!corpus || !corpus->tree) throw std::invalid_argument("empty corpus");
+  if (corpus->tree->max_depth() != cfg_.max_depth) {
+    throw std::invalid_argument("corpus built with another max_depth");
+  }
+  corpora_[name] = {std::move(corpus), scopes};
+}
+
+bool Engine::remove_corpus(const std::string& name) { return corpora_.erase(name) != 0; }
+
+std::vector<std::pair<std::string, int64_t>> Engine::corpora() const {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& kv : corpora_) out.emplace_back(kv.first, kv.second.first->tokens);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<int32_t>>> Engine::export_cached() const {
+  std::vector<std::pair<std::string, std::vector<int32_t>>> out;
+  for (const int64_t uid : fifo_) {
+    auto it = cached_.find(uid);
+    if (it == cached_.end()) continue;
+    const Cached& c = it->second;
+    const std::vector<int32_t>& t = c.scope->tree.tokens(c.sid);
+    std::vector<int32_t> all(t.begin() + c.scope->tree.window_start(c.sid), t.end());
+    all.insert(all.end(), c.queue.tokens.begin() + c.queue.pos, c.queue.tokens.end());
+    out.emplace_back(c.key, std::move(all));
+  }
+  return out;
+}
+
+void Engine::import_cached(const std::string& scope, const std::vector<int32_t>& tokens) {
+  if (!global_enabled()) return;
+  const int64_t uid = new_cached(scope, -1);
+  Cached& c = cached_.at(uid);
+  SuffixTree& tree = c.scope->tree;
+  const int64_t before = tree.live_tokens();
+  tree.extend(c.sid, tokens.data(), tokens.size());
+  tree.finish_sequence(c.sid);
+  total_live_ += tree.live_tokens() - before;
+  enforce_bounds(scope);
 }
 
 int Engine::budget(int match_len, int max_nodes) const {
@@ -247,14 +366,28 @@ const Draft& Engine::draft(int64_t h, int max_nodes) {
   best_in_tree(*r.local, r.queue.empty() ? 0 : -1, hist, max_nodes, 0.0, local_best_);
   global_best_.clear();
   const bool merge = cfg_.merge_drafts && cfg_.use_tree;
-  if (global_enabled()) {
-    // Unmerged, the global draft wins only with a strictly higher score.
+  // Unmerged, a global or corpus draft wins only with a strictly higher score.
+  const double floor = merge ? 0.0 : local_best_.score;
+  const Scope* scope = global_enabled() ? scope_of(r) : nullptr;
+  if (scope != nullptr) {
     int sid = -1;
     if (r.guid >= 0) {
       const Cached& c = cached_.at(r.guid);
       if (c.queue.empty()) sid = c.sid;
     }
-    best_in_tree(global_, sid, hist, max_nodes, merge ? 0.0 : local_best_.score, global_best_);
+    best_in_tree(scope->tree, sid, hist, max_nodes, floor, global_best_);
+  }
+  // The best corpus draft (first name on ties) replaces a lower-scoring global one.
+  for (const auto& kv : corpora_) {
+    const std::vector<std::string>& only = kv.second.second;
+    // A corpus for listed scopes serves only requests of those scopes.
+    if (!only.empty() &&
+        (!r.use_global || std::find(only.begin(), only.end(), r.scope) == only.end())) {
+      continue;
+    }
+    best_in_tree(*kv.second.first->tree, -1, hist, max_nodes, std::max(floor, global_best_.score),
+                 corpus_best_);
+    if (corpus_best_.score > global_best_.score) std::swap(global_best_, corpus_best_);
   }
   if (merge) {
     if (global_best_.tokens.empty()) return local_best_;
@@ -269,10 +402,19 @@ EngineStats Engine::stats() const {
   EngineStats s{};
   s.active_requests = static_cast<int64_t>(reqs_.size());
   s.cached_requests = static_cast<int64_t>(cached_.size());
-  s.cached_tokens = global_.live_tokens();
-  s.pinned_tokens = global_.pinned_tokens();
-  s.global_nodes = global_.num_nodes() - 1;
-  s.memory_bytes = global_.memory_bytes();
+  s.cached_tokens = total_live_;
+  for (const auto& kv : scopes_) {
+    const SuffixTree& t = kv.second->tree;
+    s.pinned_tokens += t.pinned_tokens();
+    s.global_nodes += t.num_nodes() - 1;
+    s.memory_bytes += t.memory_bytes() + static_cast<int64_t>(sizeof(Scope) + kv.first.capacity());
+  }
+  s.scopes = static_cast<int64_t>(scopes_.size());
+  for (const auto& kv : corpora_) {
+    s.corpora += 1;
+    s.corpus_tokens += kv.second.first->tokens;
+    s.memory_bytes += kv.second.first->tree->memory_bytes();
+  }
   for (const auto& kv : cached_) {
     s.pending_tokens += static_cast<int64_t>(kv.second.queue.left());
     s.memory_bytes += static_cast<int64_t>(kv.second.queue.tokens.capacity() * sizeof(int32_t));
@@ -290,8 +432,14 @@ EngineStats Engine::stats() const {
 }
 
 std::string Engine::check() const {
-  std::string err = global_.check();
-  if (!err.empty()) return "global tree: " + err;
+  int64_t live = 0;
+  for (const auto& kv : scopes_) {
+    const std::string err = kv.second->tree.check();
+    if (!err.empty()) return "global tree of scope '" + kv.first + "': " + err;
+    live += kv.second->tree.live_tokens();
+  }
+  if (live != total_live_) return "total live tokens out of step with the scopes' trees";
+  std::string err;
   for (const auto& kv : reqs_) {
     err = kv.second.local->check();
     if (!err.empty()) return "request tree " + std::to_string(kv.first) + ": " + err;

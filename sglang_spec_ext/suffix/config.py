@@ -16,6 +16,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "max_request_tokens": (1, MAX_TREE_TOKENS),
     "global_prompt_cap": (0, MAX_TREE_TOKENS),
     "step_insert_tokens": (1, 1 << 30),
+    "max_scope_tokens": (0, MAX_TREE_TOKENS),
 }
 _FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "max_spec_factor": (0.0, 1024.0),
@@ -40,6 +41,7 @@ OPTION_FIELDS: dict[str, str] = {
     "cache_prompts": "cache_prompts",
     "use_tree": "use_tree",
     "merge_drafts": "merge_drafts",
+    "max_scope_tokens": "max_scope_tokens",
 }
 
 
@@ -69,9 +71,12 @@ class SuffixConfig:
         min(max_nodes, floor(max_spec_factor * m + max_spec_offset)).
     min_token_prob: continuations whose path probability falls below this are
         not drafted.
-    max_cached_requests, max_cached_tokens: bounds of the global tree (past and
-        in-flight requests); the oldest requests are evicted first. 0 in either
-        disables the global tree.
+    max_cached_requests, max_cached_tokens: bounds of the global trees (past and
+        in-flight requests, every scope together); the oldest requests are
+        evicted first. 0 in either disables the global trees.
+    max_scope_tokens: bound of one scope's global tree (a tenant's: see
+        ``SuffixDrafter.start_request``), its oldest requests evicted first; 0
+        means max_cached_tokens (no bound of its own).
     cache_prompts: whether prompts enter the global tree (outputs always do).
     use_tree: draft a tree (True) or a single chain (False).
     merge_drafts: (tree drafts) merge the request tree's and the global tree's
@@ -103,6 +108,7 @@ class SuffixConfig:
     max_request_tokens: int = 65536
     global_prompt_cap: int = 64  # tuned; a prompt is whole in its own request's tree
     step_insert_tokens: int = 4096
+    max_scope_tokens: int = 0  # 0: max_cached_tokens
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in _INT_RANGES.items():
@@ -135,6 +141,13 @@ class SuffixConfig:
     def global_enabled(self) -> bool:
         """Whether the global tree (shared across requests) is in use."""
         return self.max_cached_requests > 0 and self.max_cached_tokens > 0
+
+    @property
+    def scope_tokens(self) -> int:
+        """The effective bound of one scope's global tree."""
+        if self.max_scope_tokens == 0:
+            return self.max_cached_tokens
+        return min(self.max_scope_tokens, self.max_cached_tokens)
 
     @property
     def global_prompt_tokens(self) -> int:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
 
 from .config import SuffixConfig
 from .draft import DraftTree
-from .reference import ReferenceEngine
+from .reference_engine import ReferenceCorpus, ReferenceEngine
 
 try:  # built by setup.py when a C++ compiler is available
     from . import _native
@@ -15,6 +16,8 @@ except ImportError:  # pragma: no cover - depends on the install
 
 BACKENDS = ("auto", "native", "python")
 MAX_NODES = 1 << 20  # per draft; real verify widths are far smaller
+#: Most corpora attached at once (each is walked for every draft).
+MAX_CORPORA = 64
 
 
 def native_available() -> bool:
@@ -59,7 +62,7 @@ class SuffixDrafter:
     def _make_engine(self):
         c = self.config
         if self.backend == "python":
-            return ReferenceEngine(c)
+            return ReferenceEngine(c, max_scope_tokens=c.scope_tokens)
         return _native.Engine(
             c.max_depth,
             c.max_spec_factor,
@@ -73,6 +76,7 @@ class SuffixDrafter:
             c.global_prompt_cap,
             c.step_insert_tokens,
             c.merge_drafts,
+            c.scope_tokens,
         )
 
     def _handle(self, req_id: Hashable) -> int:
@@ -94,12 +98,19 @@ class SuffixDrafter:
                 f"max_nodes={max_nodes!r} is invalid: expected an int in [0, {MAX_NODES}]"
             )
 
-    def start_request(self, req_id: str, prompt: Sequence[int]) -> None:
-        """Register a request with its prompt tokens."""
+    def start_request(self, req_id: str, prompt: Sequence[int], scope: str | None = "") -> None:
+        """Register a request with its prompt tokens.
+
+        ``scope`` names the global tree the request drafts from and feeds: the
+        requests of one scope (a tenant, an adapter) share one, ``""`` is the
+        shared default. ``None``: no global tree at all (its own tokens and the
+        corpora attached to every scope only)."""
         if req_id in self._handles:
             raise ValueError(f"request id {req_id!r} is already active")
+        if scope is not None and not isinstance(scope, str):
+            raise TypeError(f"scope must be a str or None, got {type(scope).__name__}")
         handle = self._next_handle
-        self._engine.start(handle, _as_tokens(prompt))
+        self._engine.start(handle, _as_tokens(prompt), scope or "", scope is not None)
         self._next_handle += 1
         self._handles[req_id] = handle
 
@@ -139,19 +150,60 @@ class SuffixDrafter:
         """Insert every queued prompt token now (unbounded work: tests and tools)."""
         self._engine.flush()
 
+    # -- corpora ---------------------------------------------------------------
+    def build_corpus(self, docs: Iterable[Sequence[int]]) -> Any:
+        """A read-only tree over ``docs`` (token lists, one sequence each).
+
+        Touches no drafter state: call it from any thread, then
+        :meth:`attach_corpus` on the drafter's own. ``.tokens`` is its size."""
+        docs = [_as_tokens(d) for d in docs]
+        if self.backend == "python":
+            return ReferenceCorpus(docs, self.config.max_depth)
+        return _native.build_corpus(docs, self.config.max_depth)
+
+    def attach_corpus(self, name: str, corpus: Any, scopes: Sequence[str] = ()) -> None:
+        """Draft from ``corpus`` for requests of ``scopes`` (every scope when empty;
+        requests without a global tree only from corpora of every scope). A
+        corpus of the same name is replaced."""
+        if not isinstance(name, str) or not name:
+            raise ValueError("a corpus needs a non-empty name")
+        if name not in self.corpora() and len(self.corpora()) >= MAX_CORPORA:
+            raise ValueError(
+                f"{MAX_CORPORA} corpora are attached already: remove one before adding {name!r}"
+            )
+        self._engine.add_corpus(name, corpus, list(scopes))
+
+    def remove_corpus(self, name: str) -> bool:
+        """Detach a corpus; False if there was none of that name."""
+        return bool(self._engine.remove_corpus(name))
+
+    def corpora(self) -> dict[str, int]:
+        """Attached corpus name -> tokens."""
+        return dict(self._engine.corpora())
+
+    # -- warm restarts ----------------------------------------------------------
+    def export_cached(self) -> list[tuple[str, list[int]]]:
+        """Every sequence the global trees hold, ``(scope, tokens)``, oldest first."""
+        return [(scope, list(tokens)) for scope, tokens in self._engine.export_cached()]
+
+    def import_cached(self, scope: str, tokens: Sequence[int]) -> None:
+        """Add a finished sequence to ``scope``'s global tree as its newest
+        (the bounds evict the oldest as they do for served requests)."""
+        self._engine.import_cached(scope, _as_tokens(tokens))
+
     def stats(self) -> dict:
         """Sizes: active_requests, cached_requests, cached_tokens (global tree),
         global_nodes, local_nodes, local_tokens (per-request trees), pinned_tokens
         (removed tokens still referenced), pending_tokens (queued, not yet
         inserted), memory_bytes (bytes held by the native core: node and child
-        arrays, hash index, token arrays and queues; 0 for the python
-        backend), backend."""
+        arrays, hash index, token arrays and queues, corpora; 0 for the python
+        backend), scopes (global trees), corpora, corpus_tokens, backend."""
         out = dict(self._engine.stats())
         out["backend"] = self.backend
         return out
 
     def reset(self) -> None:
-        """Forget every request and empty the global tree."""
+        """Forget every request and empty the global trees (corpora stay)."""
         self._engine.reset()
         self._handles.clear()
 

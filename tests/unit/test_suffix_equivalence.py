@@ -1,7 +1,9 @@
 """The native core returns exactly what the Python reference returns.
 
-Random programs of start / extend (random or copied tokens) / speculate /
-finish / abort / forced rebuild over small vocabularies and varied configs,
+Random programs of start (in one of several scopes, or none) / extend (random
+or copied tokens) / speculate / finish / abort / forced rebuild / corpora
+attached and removed / the cached sequences exported and imported, over small
+vocabularies and varied configs,
 run side by side on: the native engine, the reference, and the reference with
 its search shortcuts off (exhaustive over match lengths). After every step the
 native tree's structural invariants are checked.
@@ -16,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter, native_available
-from sglang_spec_ext.suffix.reference import ReferenceEngine
+from sglang_spec_ext.suffix.reference_engine import ReferenceEngine
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native backend not built")
 
@@ -36,6 +38,7 @@ def configs(draw):
                     "max_request_tokens": depth + draw(st.sampled_from([0, 3, 12, 10**6])),
                     "global_prompt_cap": draw(st.sampled_from([0, 5, 10**6])),
                     "step_insert_tokens": draw(st.sampled_from([1, 4, 17, 4096])),
+                    "max_scope_tokens": draw(st.sampled_from([0, 0, 6, 20])),
                 }
             )
         )
@@ -67,10 +70,17 @@ ops = st.lists(
         st.tuples(st.just("compact"), st.just(0)),
         st.tuples(st.just("batch"), st.integers(0, 9)),
         st.tuples(st.just("flush"), st.just(0)),
+        st.tuples(st.just("corpus"), st.integers(0, 4)),
+        st.tuples(st.just("uncorpus"), st.integers(0, 4)),
+        st.tuples(st.just("export"), st.just(0)),
+        st.tuples(st.just("import"), st.integers(0, 3)),
     ),
     min_size=20,
     max_size=150,
 )
+
+
+SCOPES = ("", "a", "b", None)  # None: no global tree
 
 
 def same(a, b) -> bool:
@@ -89,7 +99,7 @@ def run_program(cfg: SuffixConfig, vocab: int, program, seed: int) -> None:
     native = SuffixDrafter(cfg, backend="native")
     ref = SuffixDrafter(cfg, backend="python")
     exhaustive = SuffixDrafter(cfg, backend="python")
-    exhaustive._engine = ReferenceEngine(cfg, exhaustive=True)
+    exhaustive._engine = ReferenceEngine(cfg, exhaustive=True, max_scope_tokens=cfg.scope_tokens)
     drafters = (native, ref, exhaustive)
     history: dict[str, list[int]] = {}  # every request ever started
     active: list[str] = []
@@ -98,8 +108,9 @@ def run_program(cfg: SuffixConfig, vocab: int, program, seed: int) -> None:
         if op == "start" or rid is None:
             rid = f"r{n_op}"
             prompt = [rng.randrange(vocab) for _ in range(arg)]
+            scope = SCOPES[arg % len(SCOPES)]
             for d in drafters:
-                d.start_request(rid, prompt)
+                d.start_request(rid, prompt, scope=scope)
             history[rid] = list(prompt)
             active.append(rid)
         elif op in ("extend", "copy"):
@@ -131,9 +142,23 @@ def run_program(cfg: SuffixConfig, vocab: int, program, seed: int) -> None:
                 d.flush()
         elif op == "compact":
             native._engine._compact()
+        elif op == "corpus":  # stretches seen before, for some scopes or all
+            docs = [history[r][rng.randrange(len(history[r]) + 1) :] for r in history]
+            scopes = [s for s in SCOPES[: arg % 3] if s is not None]
+            for d in drafters:
+                d.attach_corpus(f"c{arg}", d.build_corpus(docs), scopes)
+        elif op == "uncorpus":
+            assert len({d.remove_corpus(f"c{arg}") for d in drafters}) == 1
+        elif op == "export":
+            a, b, c = (d.export_cached() for d in drafters)
+            assert a == b == c
+        elif op == "import":
+            toks = history[rng.choice(list(history))]
+            for d in drafters:
+                d.import_cached(SCOPES[arg % 3], toks)
         assert native._engine._check() == ""
         keys = ("active_requests", "cached_requests", "cached_tokens", "local_tokens")
-        keys += ("pending_tokens",)
+        keys += ("pending_tokens", "scopes", "corpora", "corpus_tokens")
         assert [native.stats()[k] for k in keys] == [ref.stats()[k] for k in keys]
 
 
