@@ -8,6 +8,10 @@ Called by :func:`sglang_spec_ext.plugin.register` (so in every process SGLang's
   runs one of our algorithms;
 * our metrics (``sglang/metrics.py``): ``sglang:spec_ext_*`` series on ``/metrics`` with
   ``--enable-metrics`` and the per-request ``meta_info["spec_ext"]`` record;
+* LoRA with our algorithms (``sglang/lora_support.py``): the host's LoRA check lets
+  SUFFIX pass like NGRAM and HYBRID by its EAGLE rules; always on, inert otherwise;
+* the host's external-corpus endpoints for SUFFIX (``sglang/external_corpus.py``);
+  always on, inert for other algorithms;
 * fixes of host bugs that break speculative serving (``sglang/host_fixes.py``), on
   every host, switched by ``SGLANG_SPEC_EXT_HOST_FIXES`` (default on);
 * with ``SGLANG_SPEC_EXT_ADAPTIVE=1``, the goodput controller for model drafts
@@ -40,6 +44,12 @@ def install_runtime_hooks() -> list[str]:
     from sglang_spec_ext.sglang.metrics import install_metrics
 
     installed += install_metrics()  # inert until the host enables metrics / our algorithms run
+    from sglang_spec_ext.sglang.lora_support import install_lora_support
+
+    install_lora_support()  # --enable-lora with SUFFIX / HYBRID; inert otherwise, unlisted
+    from sglang_spec_ext.sglang.external_corpus import install_external_corpus
+
+    installed += install_external_corpus()  # /add_external_corpus for SUFFIX; inert otherwise
     if config.host_fixes:
         from sglang_spec_ext.sglang.host_fixes import install_host_fixes
 

@@ -39,10 +39,12 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from sglang_spec_ext.sglang import metrics as spec_metrics
+from sglang_spec_ext.sglang.external_corpus import CorpusStore
 from sglang_spec_ext.sglang.server_args import plugin_config
 from sglang_spec_ext.sglang.tp_sync import TpDraftError, TpSync, tp_sync
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter
 from sglang_spec_ext.suffix.draft import DraftTree
+from sglang_spec_ext.suffix.scopes import scope_key
 from sglang_spec_ext.tree import pack_batch
 
 logger = logging.getLogger("sglang_spec_ext")
@@ -193,6 +195,15 @@ class SuffixWorker(NGRAMWorker):
         self._stats_logged_at: float | None = None
         self._stats_log_interval_s = config.stats_log_interval_s
         self._tp_sync: TpSync | None = None  # set by __init__ with TP > 1
+        self._isolation = config.isolation
+        self.corpora = CorpusStore(self, config.max_corpus_tokens)
+        self._snapshots = None  # warm restarts (sglang/snapshots.py), opt-in
+        if config.snapshot_path:
+            from sglang_spec_ext.sglang.snapshots import SnapshotKeeper, snapshot_identity
+
+            self._snapshots = SnapshotKeeper.from_plugin_config(config, snapshot_identity(self))
+            if self._snapshots is not None:
+                self._snapshots.load_into(self.drafter)
 
     # -- host NGRAM hooks we replace -----------------------------------------
     def _prepare_draft_tokens(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -298,7 +309,13 @@ class SuffixWorker(NGRAMWorker):
             self._close(req.rid)
             session = None
         if session is None:
-            self.drafter.start_request(req.rid, req.origin_input_ids_unpadded)
+            scope = scope_key(
+                getattr(req, "cache_salt", None),
+                getattr(req, "extra_key", None),
+                getattr(req, "lora_id", None),
+                self._isolation,
+            )
+            self.drafter.start_request(req.rid, req.origin_input_ids_unpadded, scope=scope)
             session = self._sessions[req.rid] = _Session()
         if total > session.synced:
             start = session.synced
@@ -343,6 +360,10 @@ class SuffixWorker(NGRAMWorker):
         return stats
 
     def _maybe_log_stats(self) -> None:
+        """Once per decode step (SUFFIX and HYBRID): the stats line when due, and the
+        periodic snapshot (the first TP rank writes it)."""
+        if self._snapshots is not None and (self._tp_sync is None or self._tp_sync.is_src()):
+            self._snapshots.maybe_save(self.drafter)
         now = time.monotonic()
         interval = self._stats_log_interval_s
         if self._stats_logged_at is not None and now - self._stats_logged_at < interval:
@@ -388,6 +409,7 @@ class SuffixWorker(NGRAMWorker):
             self.drafter.reset()
         except Exception:
             self.drafter = SuffixDrafter(self.drafter.config, backend=self.drafter.backend)
+            self.corpora.reattach()
         logger.warning("SUFFIX drafter reset after a fault; every request starts a new session")
 
     def _log_fault(self, stage: str, rid: str | None, exc: BaseException) -> None:
@@ -419,18 +441,16 @@ class SuffixWorker(NGRAMWorker):
             exc_info=sum(self._faults.values()) == 1,  # the first one with its traceback
         )
 
-    # -- NGRAM features that do not apply ------------------------------------
+    # -- the host's external-corpus requests (/add_external_corpus and friends) ---
+    # The host's ExternalCorpusManager calls these (add on its loader thread).
     def add_external_corpus(self, corpus_id: str, token_chunks: list[list[int]]) -> int:
-        raise NotImplementedError(
-            "external corpora are a feature of --speculative-algorithm NGRAM; SUFFIX "
-            "learns from served requests only"
-        )
+        return self.corpora.build(corpus_id, token_chunks)
 
     def commit_corpus_load(self, corpus_id: str, loaded_token_count: int) -> None:
-        self.add_external_corpus(corpus_id, [])
+        self.corpora.commit(corpus_id)
 
     def remove_external_corpus(self, corpus_id: str) -> None:
-        self.add_external_corpus(corpus_id, [])
+        self.corpora.remove(corpus_id)
 
     def list_external_corpora(self) -> dict[str, int]:
-        return {}
+        return self.drafter.corpora()

@@ -125,7 +125,9 @@ class ReferenceEngine:
         return sum(t.num_tokens for t in self.scopes.values())
 
     # -- requests -------------------------------------------------------------------
-    def start(self, h: int, prompt: Iterable[int], scope: str = "", use_global: bool = True) -> None:
+    def start(
+        self, h: int, prompt: Iterable[int], scope: str = "", use_global: bool = True
+    ) -> None:
         if h in self.local:
             raise ValueError("request handle already active")
         prompt = check_tokens(prompt)

@@ -171,9 +171,12 @@ class CPUServer:
         input_ids: Sequence[int] | None = None,
         text: str | None = None,
         timeout: float = 300.0,
+        fields: dict[str, Any] | None = None,
         **sampling: Any,
     ) -> dict:
-        payload: dict[str, Any] = {"sampling_params": sampling}
+        """POST /generate; ``fields``: request fields beside the sampling parameters
+        (cache_salt, extra_key, lora_path, ...)."""
+        payload: dict[str, Any] = {"sampling_params": sampling, **(fields or {})}
         if input_ids is not None:
             payload["input_ids"] = list(input_ids)
         else:

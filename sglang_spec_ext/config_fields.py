@@ -1,0 +1,224 @@
+"""The plugin's configuration fields: one table, read by config.py, doctor and the docs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ENV_PREFIX = "SGLANG_SPEC_EXT_"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One configuration field: its type, default, accepted range and help."""
+
+    name: str
+    kind: type  # int, float, bool or str
+    default: Any
+    help: str
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    def describe_range(self) -> str:
+        if self.kind is bool:
+            return "a boolean (1/0, true/false, yes/no, on/off)"
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.kind is str:
+            return "a string"
+        kind = "an integer" if self.kind is int else "a number"
+        return f"{kind} in [{self.lo:g}, {self.hi:g}]"
+
+
+# The single table of configuration fields. docs/configuration.md documents each one.
+FIELDS: tuple[Field, ...] = (
+    # Suffix drafter (SUFFIX algorithm).
+    Field("max_depth", int, 64, "longest suffix matched and deepest draft path", 1, 1024),
+    Field(
+        "spec_factor",
+        float,
+        8.0,
+        "draft budget = spec_factor x match length + spec_offset (capped by the verify width)",
+        0.0,
+        64.0,
+    ),
+    # spec_factor, spec_offset and min_token_prob defaults: chosen by `sglang-spec-ext
+    # tune` on the committed traces (docs/suffix.md has the command).
+    Field("spec_offset", float, 4.0, "see spec_factor", -64.0, 1024.0),
+    Field(
+        "min_token_prob",
+        float,
+        0.02,
+        "drop draft continuations whose estimated path probability is below this",
+        0.0,
+        1.0,
+    ),
+    Field(
+        "max_cached_requests",
+        int,
+        10000,
+        "global tree bound: past requests kept (oldest evicted first); 0 disables it",
+        0,
+        10_000_000,
+    ),
+    Field(
+        "max_cached_tokens",
+        int,
+        4_000_000,
+        "global tree bound: tokens kept over all cached requests (oldest evicted first); "
+        "at most 2**28 (the native core's 32-bit node ids)",
+        0,
+        1 << 28,
+    ),
+    Field(
+        "max_request_tokens",
+        int,
+        65536,
+        "per-request tree bound: it keeps the request's most recent tokens (>= max_depth)",
+        1,
+        1 << 28,
+    ),
+    Field(
+        "global_prompt_cap",
+        int,
+        64,  # chosen by `tune` (docs/suffix.md): a repeated prompt's tail leads to its answer
+        "only the last min(this, max_cached_tokens / 2) prompt tokens enter the global tree",
+        0,
+        1 << 28,
+    ),
+    Field(
+        "step_insert_tokens",
+        int,
+        4096,
+        "prompt tokens inserted into the trees per decode step (long prompts spread over steps)",
+        1,
+        1 << 30,
+    ),
+    Field("cache_prompts", bool, True, "insert prompts (not only outputs) into the global tree"),
+    Field("use_tree", bool, True, "draft trees (True) or single chains (False)"),
+    Field(
+        "merge_drafts",
+        bool,
+        True,
+        "merge the request's and the global tree's drafts into one tree by path probability "
+        "(False: keep the higher-scoring draft, the behaviour before issue 14)",
+    ),
+    Field(
+        "backend",
+        str,
+        "auto",
+        "suffix drafter implementation: auto (native if built), native or python",
+        choices=("auto", "native", "python"),
+    ),
+    # Host integration.
+    Field(
+        "cpu_fallbacks",
+        bool,
+        True,
+        "install pure-torch versions of host kernels missing on CPU-only hosts",
+    ),
+    Field(
+        "host_fixes",
+        bool,
+        True,
+        "fix host bugs that break speculative serving (see sglang/host_fixes.py)",
+    ),
+    Field(
+        "stats_log_interval_s",
+        float,
+        30.0,
+        "seconds between the SUFFIX worker's drafter-statistics log lines (0: every step)",
+        0.0,
+        86400.0,
+    ),
+    Field(
+        "draft_kv_repair",
+        bool,
+        False,
+        "STANDALONE drafts: skip the draft extend at zero draft steps and rebuild the skipped "
+        "draft KV in one extend when a request drafts again (sglang/draft_kv_repair.py)",
+    ),
+    Field(
+        "draft_kv_repair_max_tokens",
+        int,
+        8192,
+        "most tokens one draft-KV repair forward recomputes (split over the requests)",
+        1,
+        1_000_000,
+    ),
+    # Adaptive draft-width controller.
+    Field("adaptive", bool, False, "choose the draft width per step from measured goodput"),
+    Field(
+        "adaptive_policy",
+        str,
+        "goodput",
+        "who picks model-draft step counts under SGLANG_SPEC_EXT_ADAPTIVE=1: goodput (our "
+        "controller) or host-ema (SGLang's own EMA policy, for comparisons on one build)",
+        choices=("goodput", "host-ema"),
+    ),
+    # SUFFIX on shared servers (docs/shared-servers.md).
+    Field(
+        "isolation",
+        str,
+        "scoped",
+        "whose outputs a request's suffix drafts may come from: scoped (requests with the same "
+        "cache_salt, extra_key and LoRA adapter; unsalted requests share one scope), strict "
+        "(salted or keyed requests: their own tokens only) or shared (every request, the "
+        "behaviour before issue 28)",
+        choices=("scoped", "strict", "shared"),
+    ),
+    Field(
+        "max_scope_tokens",
+        int,
+        0,
+        "global tree bound of one scope (a tenant), oldest evicted first; 0: max_cached_tokens",
+        0,
+        1 << 28,
+    ),
+    Field(
+        "max_corpus_tokens",
+        int,
+        1_000_000,
+        "tokens of all external corpora together (/add_external_corpus); 0 refuses corpora",
+        0,
+        1 << 28,
+    ),
+    Field(
+        "snapshot_path",
+        str,
+        "",
+        "file for warm restarts: the global trees are loaded from it at start-up and written "
+        "to it periodically and at shutdown (empty: off)",
+    ),
+    Field(
+        "snapshot_interval_s",
+        float,
+        300.0,
+        "seconds between snapshot writes (0: only at shutdown)",
+        0.0,
+        86400.0,
+    ),
+    # HYBRID (suffix drafts + the host's model draft).
+    Field(
+        "hybrid_draft",
+        str,
+        "auto",
+        "HYBRID's model-draft path: auto (from the draft's architecture), standalone, eagle "
+        "or eagle3",
+        choices=("auto", "standalone", "eagle", "eagle3"),
+    ),
+    Field(
+        "hybrid_policy",
+        str,
+        "learned",
+        "HYBRID's choice per request and step: learned (larger expected accepted tokens), "
+        "arctic (suffix when its score >= the model draft length), match (suffix when its "
+        "match >= 4), suffix or model (one source only)",
+        choices=("learned", "arctic", "match", "suffix", "model"),
+    ),
+)
