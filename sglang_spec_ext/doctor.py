@@ -117,7 +117,11 @@ def _check_config(rep: _Report) -> None:
         print(f"         {name:<22} = {value!r:<12} ({cfg.sources[name]})")
     from sglang_spec_ext.suffix.memory import estimate_bytes
 
-    mem = estimate_bytes(cfg.suffix_config())
+    mem = estimate_bytes(
+        cfg.suffix_config(),
+        scoped=cfg.isolation != "shared",
+        corpus_tokens=cfg.max_corpus_tokens,
+    )
     rep.data["suffix_memory_bound_bytes"] = mem.total
     rep.line("ok", f"suffix drafter memory bound: {mem.describe()}")
 

@@ -10,6 +10,10 @@ namespace sse {
 
 namespace {
 constexpr size_t kMaxReservedNodes = size_t{1} << 23;
+// Node slots per live token above which a shrunken scope tree is rebuilt (a tree
+// over n tokens needs fewer than 2n nodes), and the slack of small trees.
+constexpr int64_t kCompactFactor = 4;
+constexpr int64_t kCompactSlack = 64;
 
 void append_tail(std::vector<int32_t>& out, const int32_t* t, size_t n, size_t keep) {
   if (n >= keep) {
@@ -207,7 +211,13 @@ void Engine::drop_cached(int64_t uid) {
   s->cached -= 1;
   const std::string key = c.key;
   cached_.erase(it);
-  if (s->cached == 0 && !key.empty()) scopes_.erase(key);
+  if (s->cached == 0 && !key.empty()) {
+    scopes_.erase(key);
+  } else if (s->tree.node_slots() > kCompactFactor * s->tree.live_tokens() + kCompactSlack) {
+    // A tree keeps its node high-water mark; one that shrank far below it (its
+    // scope lost sequences to other scopes) gives the memory back.
+    s->tree.compact();
+  }
 }
 
 void Engine::reset() {

@@ -111,6 +111,7 @@ class SuffixTree {
   int64_t live_tokens() const { return live_tokens_; }
   int64_t pinned_tokens() const { return pinned_tokens_; }
   int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size() - free_.size()); }
+  int64_t node_slots() const { return static_cast<int64_t>(nodes_.size()); }  // high-water
   int64_t num_sequences() const { return num_live_; }
   // Bytes held: node array (up to its high-water mark), child arrays (glibc malloc chunk
   // sizes, tracked as they change), the child hash index and token arrays.

@@ -9,6 +9,13 @@ entry in its parent's child array (CHILD_BYTES; arrays grow by doubling, so up
 to twice that, plus a glibc chunk header), and for nodes with many children a
 share of the child hash index; each token also costs 4 bytes in its sequence.
 
+Scopes (tenants, ``SuffixDrafter.start_request``): the global trees of every
+scope together hold at most ``max_cached_tokens`` live tokens, but each keeps
+its node high-water mark until the engine rebuilds a tree whose node slots
+exceed 4 per live token (+64): so all of them together stay within twice the
+one-tree figure plus 64 node slots per scope (a scope holds at least one cached
+request). Corpora: a tree over their ``max_corpus_tokens`` tokens, built once.
+
 The figures here are upper bounds from those sizes; measured figures (RSS and
 ``SuffixDrafter.stats()["memory_bytes"]``) are in docs/operations.md "Memory" and
 benchmarks/results/drafter_memory.json.
@@ -33,6 +40,10 @@ NODES_PER_TOKEN = 2
 #: + hash-index slot (12 bytes at load >= 3/8) per node, worst case.
 _PER_NODE_EXTRA = 2 * CHILD_BYTES + 16 + 32
 TOKEN_BYTES = 4
+#: Scope trees: rebuilt above 4 node slots per live token (engine.cc kCompactFactor),
+#: i.e. at most twice the 2-per-token of one tree, plus kCompactSlack slots each.
+SCOPE_FACTOR = 2
+SCOPE_SLACK_NODES = 64
 
 
 def worst_bytes_per_token() -> int:
@@ -48,18 +59,28 @@ class MemoryEstimate:
     per_request: int
     max_running_requests: int
     total: int
+    corpora: int = 0
 
     def describe(self) -> str:
         gib = 1 << 30
+        corpora = f", corpora <= {self.corpora / gib:.2f} GiB" if self.corpora else ""
         return (
-            f"global tree <= {self.global_tree / gib:.2f} GiB, per-request tree <= "
+            f"global trees <= {self.global_tree / gib:.2f} GiB{corpora}, per-request tree <= "
             f"{self.per_request / (1 << 20):.1f} MiB x {self.max_running_requests} running "
             f"requests; total <= {self.total / gib:.2f} GiB per scheduler process (per TP rank)"
         )
 
 
-def estimate_bytes(config: SuffixConfig, max_running_requests: int = 256) -> MemoryEstimate:
-    """Configured worst case: global tree + ``max_running_requests`` per-request trees.
+def estimate_bytes(
+    config: SuffixConfig,
+    max_running_requests: int = 256,
+    *,
+    scoped: bool = False,
+    corpus_tokens: int = 0,
+) -> MemoryEstimate:
+    """Configured worst case: global trees + ``max_running_requests`` per-request trees
+    (+ the corpora's ``corpus_tokens``). ``scoped``: requests may fall in several
+    scopes (isolation other than ``shared``).
 
     The global tree's node array keeps its high-water mark (freed slots are
     reused), which the token bound caps; a transient overshoot of one step's
@@ -75,7 +96,15 @@ def estimate_bytes(config: SuffixConfig, max_running_requests: int = 256) -> Mem
     glob = 0
     if config.global_enabled:
         glob = (config.max_cached_tokens + config.step_insert_tokens) * per_token
+        if scoped:
+            node = NODE_BYTES + _PER_NODE_EXTRA
+            glob = SCOPE_FACTOR * glob + config.max_cached_requests * SCOPE_SLACK_NODES * node
     per_req = config.max_request_tokens * per_token
+    corpora = max(0, corpus_tokens) * per_token
     return MemoryEstimate(
-        glob, per_req, max_running_requests, glob + per_req * max_running_requests
+        glob,
+        per_req,
+        max_running_requests,
+        glob + per_req * max_running_requests + corpora,
+        corpora,
     )

@@ -100,7 +100,10 @@ def test_external_corpus_feeds_drafts_and_bad_ones_are_refused(servers, tok, tmp
     # survive decode + encode; documents as text are checked below and measured with
     # a real model in benchmarks/external_corpus.py).
     sep = -(2**31)
-    chunks = [([sep] if i else []) + ids + out for i, (ids, out) in enumerate(zip(prompts, want))]
+    chunks = [
+        ([sep] if i else []) + ids + out
+        for i, (ids, out) in enumerate(zip(prompts, want, strict=True))
+    ]
     docs = {"token_chunks": chunks}
     r = _post(spec, "/add_external_corpus", {"corpus_id": "answers", **docs})
     assert r.status_code == 200, r.text
