@@ -55,6 +55,7 @@ from sglang_spec_ext.soak import (  # noqa: E402
     plain_answers,
     soak,
 )
+from sglang_spec_ext.soak.workload import SOAK_CORPUS_TOKENS  # noqa: E402
 
 CHAIN3 = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
 ADAPTIVE = {"SGLANG_SPEC_EXT_ADAPTIVE": "1"}
@@ -266,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 **GPU_PATH_ENV[args.gpu_path],
                 "SGLANG_SPEC_EXT_MAX_CACHED_TOKENS": str(drafter_tokens),
                 "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "1",
+                "SGLANG_SPEC_EXT_MAX_CORPUS_TOKENS": str(SOAK_CORPUS_TOKENS),
             }
             width = "4" if name in CHAINED else str(args.width)  # chains: steps + 1
             spec_flags = [*common, *flags, "--speculative-num-draft-tokens", width]

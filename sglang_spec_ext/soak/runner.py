@@ -82,6 +82,18 @@ def send(base_url: str, req: SoakRequest, timeout_s: float = 120.0) -> Outcome:
                             break  # leaving the block closes the connection mid-stream
                 out.status = "disconnected" if chunks >= req.read_chunks else "ok"
                 return out
+        if req.endpoint != "/generate":  # an operator request
+            if req.endpoint.startswith("GET "):
+                r = requests.get(base_url + req.endpoint[4:], timeout=timeout_s)
+            else:
+                r = requests.post(base_url + req.endpoint, json=req.payload, timeout=timeout_s)
+            out.http = r.status_code
+            out.status = "ok" if r.status_code == 200 else "error"
+            if 400 <= r.status_code < 500:
+                out.status = "refused"
+            if r.status_code != 200:
+                out.error = r.text[:300]
+            return out
         r = requests.post(base_url + "/generate", json=req.payload, timeout=timeout_s)
         out.http = r.status_code
         if 400 <= r.status_code < 500:
@@ -248,6 +260,7 @@ def judge(
             (expect == "ok" and out.status != "ok")
             or (expect == "refused" and out.status != "refused")
             or (expect == "disconnect" and out.status not in ("ok", "disconnected"))
+            or (expect == "admin" and out.status not in ("ok", "refused"))
         )
         base = plain.get(req.index)
         if wrong and not (

@@ -33,10 +33,24 @@ DEFAULT_MIX: dict[str, float] = {
     "disconnect": 10,
     "invalid": 10,
     "penalty": 3,
+    "tenant": 10,
+    "corpus": 3,
+    "adapter": 0,  # only where both servers load the soak's LoRA adapters (--lora)
 }
 
 #: Kinds whose greedy output must equal the plain server's.
-PARITY_KINDS = frozenset({"greedy", "repeat", "near_limit", "one_token", "stop", "logprobs"})
+PARITY_KINDS = frozenset(
+    {"greedy", "repeat", "near_limit", "one_token", "stop", "logprobs", "tenant", "adapter"}
+)
+#: Tenants of "tenant" requests (None: unsalted), and the soak's LoRA adapter names
+#: (None: the base model).
+TENANTS = ("tenant-a", "tenant-b", "tenant-c", None)
+ADAPTERS = ("soak-a", "soak-b", None)
+#: The corpus bound the soak's servers run with (SGLANG_SPEC_EXT_MAX_CORPUS_TOKENS):
+#: its "too big" corpus operations exceed it.
+SOAK_CORPUS_TOKENS = 20_000
+#: The host's document separator in corpus token streams.
+CORPUS_SEPARATOR = -(2**31)
 
 JSON_SCHEMA = (
     '{"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, '
@@ -53,12 +67,14 @@ class SoakRequest:
     kind: str
     payload: dict[str, Any]
     # "ok" | "refused" (a 4xx answer) | "disconnect" | "guarded" (refused by a server
-    # running one of this package's algorithms, answered by any other)
+    # running one of this package's algorithms, answered by any other) | "admin" (an
+    # operator request: answered or refused with a 4xx, never an error)
     expect: str = "ok"
     parity: bool = False  # greedy output compared with the plain server's
     read_chunks: int = 0  # "disconnect": stream chunks read before closing
     note: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    endpoint: str = "/generate"  # "GET /path" for a GET
 
 
 def _take(pool: Sequence[int], rng: random.Random, n: int) -> list[int]:
@@ -105,8 +121,13 @@ def build_workload(
     kinds, weights = zip(*((k, w) for k, w in mix.items() if w > 0), strict=True)
     lo, hi = prompt_len
     hi = min(hi, context_len - max_new - 4)
-    # A few base prompts reused by "repeat" requests (the global tree sees them again).
+    # A few base prompts reused by "repeat" requests (the global tree sees them again),
+    # and per tenant and adapter (its own scope sees them again).
     bases = [_take(token_pool, rng, rng.randint(lo, hi)) for _ in range(8)]
+    scoped = {
+        k: [_take(token_pool, rng, rng.randint(lo, hi)) for _ in range(3)]
+        for k in (*TENANTS, *ADAPTERS)
+    }
     out: list[SoakRequest] = []
     for i in range(n):
         kind = rng.choices(kinds, weights)[0]
@@ -191,11 +212,49 @@ def build_workload(
             )
             req.payload = {"input_ids": ids, "sampling_params": {**_greedy(new), **option}}
             req.expect = "guarded"
+        elif kind == "tenant":
+            tenant = rng.choice(TENANTS)
+            prompt = rng.choice(scoped[tenant]) if rng.random() < 0.6 else ids
+            req.payload = {"input_ids": prompt, "sampling_params": _greedy(new)}
+            if tenant is not None:
+                req.payload["cache_salt"] = tenant
+        elif kind == "adapter":
+            adapter = rng.choice(ADAPTERS)
+            prompt = rng.choice(scoped[adapter]) if rng.random() < 0.6 else ids
+            req.payload = {"input_ids": prompt, "sampling_params": _greedy(new)}
+            if adapter is not None:
+                req.payload["lora_path"] = adapter
+        elif kind == "corpus":
+            req.expect = "admin"
+            req.endpoint, req.payload, req.note = _corpus_op(rng, token_pool, bases)
         elif kind == "invalid":
             req.expect = "refused"
             req.payload, req.note = _invalid(rng, ids, token_pool, context_len, new)
         out.append(req)
     return out
+
+
+def _corpus_op(
+    rng: random.Random, pool: Sequence[int], bases: list[list[int]]
+) -> tuple[str, dict[str, Any], str]:
+    """An external-corpus operation (the host's endpoints): add (a few documents, some
+    the base prompts' text, under one of four ids, for every tenant or one), list,
+    remove, or an add too large or malformed. Under concurrent loads the host answers
+    a second add with "already in progress" (a 400): either answer is correct."""
+    choice = rng.randrange(6)
+    corpus_id = f"soak-{rng.randrange(4)}" + rng.choice(["", "@tenant-a"])
+    if choice <= 1:
+        docs = [rng.choice(bases)] + [_take(pool, rng, rng.randint(16, 96)) for _ in range(2)]
+        chunks = [docs[0]] + [[CORPUS_SEPARATOR, *d] for d in docs[1:]]
+        return "/add_external_corpus", {"corpus_id": corpus_id, "token_chunks": chunks}, "add"
+    if choice == 2:
+        return "GET /list_external_corpora", {}, "list"
+    if choice == 3:
+        return "/remove_external_corpus", {"corpus_id": corpus_id}, "remove"
+    if choice == 4:
+        big = [_take(pool, rng, 2048) for _ in range(SOAK_CORPUS_TOKENS // 2048 + 2)]
+        return "/add_external_corpus", {"corpus_id": "soak-big", "token_chunks": big}, "too big"
+    return "/add_external_corpus", {"corpus_id": "soak-bad", "token_chunks": [[1, -7]]}, "bad ids"
 
 
 def _invalid(

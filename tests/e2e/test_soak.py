@@ -1,7 +1,8 @@
 """The soak harness's short mode (benchmarks/soak.py) as CI runs it: the real CPU server
 with SUFFIX at width 16 on the GPU default path's emulation (overlap scheduling and graph
 runners, ``--gpu-path both``) against a plain server, a mixed load at concurrency 16 with
-prompts at the context limit, disconnecting clients, invalid and guarded requests.
+prompts at the context limit, disconnecting clients, invalid and guarded requests,
+tenants (salted and unsalted) and external-corpus operations.
 The long mode (thousands of requests, three algorithms) is for people: README."""
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ def test_soak_short_mode(tmp_path, capsys):
     assert kinds["near_limit"]["ok"] == kinds["near_limit"]["sent"] > 0
     assert kinds["invalid"].get("refused", 0) == kinds["invalid"]["sent"] > 0
     assert kinds["disconnect"].get("disconnected", 0) > 0
+    # Tenants (salted and unsalted requests) keep parity; corpus operations under load
+    # are answered or refused, never an error.
+    assert kinds["tenant"]["ok"] == kinds["tenant"]["sent"] > 0
+    assert kinds["corpus"]["sent"] > 0
+    assert (
+        kinds["corpus"].get("ok", 0) + kinds["corpus"].get("refused", 0) == kinds["corpus"]["sent"]
+    )
     # The drafter reports its statistics and stays within its bound.
     assert run["drafter_stats"] is not None and run["drafter_within_bound"] is True
     assert (
