@@ -34,7 +34,7 @@ DEFAULT_MIX: dict[str, float] = {
     "invalid": 10,
     "penalty": 3,
     "tenant": 10,
-    "corpus": 3,
+    "corpus": 6,
     "adapter": 0,  # only where both servers load the soak's LoRA adapters (--lora)
 }
 

@@ -198,8 +198,9 @@ def test_nothing_installed_when_disabled_on_gpu_or_off_the_cpu_engine():
     res = _result(NOTHING_INSTALLED, env=env)
     assert res["is_cpu"] is True  # the scenario really is the CPU engine
     # The request guard is not configurable (it is what keeps output lossless); the
-    # metrics hooks are inert until the host enables metrics or our algorithms run.
-    assert res["configured_off"] == ["request_guard", "metrics"]
+    # metrics hooks are inert until the host enables metrics or our algorithms run; the
+    # external-corpus hooks act only for SUFFIX servers.
+    assert res["configured_off"] == ["request_guard", "metrics", "external_corpus"]
     assert res["on_cuda"] == [] and res["not_cpu"] == []
     assert res["still_placeholder"] is True and res["sampling_unset"] is True
     assert not set(OUR_TARGETS) & set(res["hooks"])

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from sglang_spec_ext.sglang.cpu_fallbacks import ops, sampling
+from sglang_spec_ext.sglang.cpu_fallbacks import lora, ops, sampling
 from sglang_spec_ext.sglang.cpu_fallbacks.verify_attention import forward_extend_hook
 
 logger = logging.getLogger("sglang_spec_ext")
@@ -372,6 +372,7 @@ def install_cpu_fallbacks() -> list[str]:
         if done_sampling is not None:
             installed.append(SAMPLING_VERIFY)
         new = new or bool(done_sampling)
+    lora.install_lora_fallbacks(HookRegistry, HookType)  # --enable-lora (logs itself)
     HookRegistry.apply_hooks()
     if present:
         logger.info("host has real CPU kernels, kept: %s", ", ".join(present))
