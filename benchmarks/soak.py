@@ -55,7 +55,7 @@ from sglang_spec_ext.soak import (  # noqa: E402
     plain_answers,
     soak,
 )
-from sglang_spec_ext.soak.workload import SOAK_CORPUS_TOKENS  # noqa: E402
+from sglang_spec_ext.soak.workload import ADAPTERS, DEFAULT_MIX, SOAK_CORPUS_TOKENS  # noqa: E402
 
 CHAIN3 = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
 ADAPTIVE = {"SGLANG_SPEC_EXT_ADAPTIVE": "1"}
@@ -215,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         help="emulate the GPU default path on the speculative servers: overlap "
         "scheduling, graph runners, or both",
     )
+    ap.add_argument(
+        "--lora",
+        action="store_true",
+        help="both servers load two LoRA adapters of the model (built locally) and the mix "
+        "gains requests for each adapter and the base model",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--deadline-s", type=float, default=3600.0, help="per-phase time bound")
     ap.add_argument(
@@ -246,12 +252,28 @@ def main(argv: list[str] | None = None) -> int:
         "--random-seed", "0", "--sleep-on-idle",
     ]  # fmt: skip
 
-    reqs = build_workload(n, token_pool=token_pool(model), context_len=ctx, seed=args.seed)
+    mix = None
+    if args.lora:
+        refused = [a for a in algorithms if ALGORITHMS[a][1].get("SGLANG_SPEC_EXT_ADAPTIVE")]
+        if refused:
+            ap.error(f"--lora: {refused} run the controller, which refuses LoRA")
+        from sglang_spec_ext.testing_lora import build_lora_adapter
+
+        adapters = {
+            name: build_lora_adapter(model, log_dir / "adapters" / name, seed=seed)
+            for seed, name in enumerate(ADAPTERS)
+            if name is not None
+        }
+        common += ["--lora-paths", *(f"{name}={path}" for name, path in adapters.items())]
+        common += ["--max-loras-per-batch", str(len(adapters))]
+        mix = {**DEFAULT_MIX, "adapter": 10}
+    reqs = build_workload(n, token_pool=token_pool(model), context_len=ctx, seed=args.seed, mix=mix)
     params = {
         "mode": args.mode, "requests": n, "context_length": ctx, "max_running_requests": max_running,
         "concurrency": concurrency, "width": args.width, "model": str(model), "seed": args.seed,
         "drafter_max_cached_tokens": drafter_tokens, "algorithms": algorithms,
         "gpu_path": args.gpu_path, "gpu_path_env": GPU_PATH_ENV[args.gpu_path],
+        "lora": args.lora,
     }  # fmt: skip
     print(f"[soak] {n} requests x {len(algorithms)} algorithm(s); logs in {log_dir}", flush=True)
     rows, record = [], {"machine": machine_info(), "parameters": params, "runs": {}}
