@@ -124,7 +124,17 @@ def test_departed_requests_leave_nothing_behind_and_the_cache_stays_bounded(work
     assert worker.drafter_stats()["cached_tokens"] == 0
 
 
-def test_external_corpus_calls_are_refused_clearly(worker):
-    with pytest.raises(NotImplementedError, match="NGRAM"):
-        worker.add_external_corpus("c", [[1, 2]])
+def test_external_corpus_calls_reach_the_drafter(worker):
+    """The host's ExternalCorpusManager calls: build (its loader thread), commit, list,
+    remove; a refused corpus attaches nothing."""
+    assert worker.list_external_corpora() == {}
+    assert worker.add_external_corpus("c", [[1, 2, 3, 4]]) == 4
+    assert worker.list_external_corpora() == {}  # built, not attached before the commit
+    worker.commit_corpus_load("c", 4)
+    assert worker.list_external_corpora() == {"c": 4}
+    with pytest.raises(ValueError, match="not a token id"):
+        worker.add_external_corpus("bad", [[1, -3]])
+    worker.remove_external_corpus("c")
+    with pytest.raises(ValueError, match="no external corpus"):
+        worker.remove_external_corpus("c")
     assert worker.list_external_corpora() == {}
