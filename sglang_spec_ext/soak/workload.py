@@ -46,6 +46,8 @@ PARITY_KINDS = frozenset(
 #: (None: the base model).
 TENANTS = ("tenant-a", "tenant-b", "tenant-c", None)
 ADAPTERS = ("soak-a", "soak-b", None)
+#: Kind -> (the request field naming its owner, the owners).
+SCOPED_FIELDS = {"tenant": ("cache_salt", TENANTS), "adapter": ("lora_path", ADAPTERS)}
 #: The corpus bound the soak's servers run with (SGLANG_SPEC_EXT_MAX_CORPUS_TOKENS):
 #: its "too big" corpus operations exceed it.
 SOAK_CORPUS_TOKENS = 20_000
@@ -212,18 +214,14 @@ def build_workload(
             )
             req.payload = {"input_ids": ids, "sampling_params": {**_greedy(new), **option}}
             req.expect = "guarded"
-        elif kind == "tenant":
-            tenant = rng.choice(TENANTS)
-            prompt = rng.choice(scoped[tenant]) if rng.random() < 0.6 else ids
+        elif kind in ("tenant", "adapter"):
+            # A tenant's (cache_salt) or an adapter's (lora_path) request; None: neither.
+            field, owner = SCOPED_FIELDS[kind]
+            who = rng.choice(owner)
+            prompt = rng.choice(scoped[who]) if rng.random() < 0.6 else ids
             req.payload = {"input_ids": prompt, "sampling_params": _greedy(new)}
-            if tenant is not None:
-                req.payload["cache_salt"] = tenant
-        elif kind == "adapter":
-            adapter = rng.choice(ADAPTERS)
-            prompt = rng.choice(scoped[adapter]) if rng.random() < 0.6 else ids
-            req.payload = {"input_ids": prompt, "sampling_params": _greedy(new)}
-            if adapter is not None:
-                req.payload["lora_path"] = adapter
+            if who is not None:
+                req.payload[field] = who
         elif kind == "corpus":
             req.expect = "admin"
             req.endpoint, req.payload, req.note = _corpus_op(rng, token_pool, bases)
