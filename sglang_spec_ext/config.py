@@ -156,6 +156,18 @@ class PluginConfig:
 
         return SuffixConfig(**suffix_config_kwargs(self.as_dict()))
 
+    def suffix_memory(self, max_running_requests: int = 256) -> Any:
+        """The suffix drafter's worst-case memory (``suffix.memory.MemoryEstimate``) for
+        these settings: tenant scopes unless isolation is ``shared``, the corpora's bound."""
+        from sglang_spec_ext.suffix.memory import estimate_bytes
+
+        return estimate_bytes(
+            self.suffix_config(),
+            max_running_requests,
+            scoped=self.isolation != "shared",
+            corpus_tokens=self.max_corpus_tokens,
+        )
+
 
 def _check_fields_match() -> None:
     declared = {f.name for f in dataclasses.fields(PluginConfig)} - {"sources", "adaptive_options"}

@@ -115,13 +115,7 @@ def _check_config(rep: _Report) -> None:
     rep.line("ok", "configuration valid:")
     for name, value in cfg.as_dict().items():
         print(f"         {name:<22} = {value!r:<12} ({cfg.sources[name]})")
-    from sglang_spec_ext.suffix.memory import estimate_bytes
-
-    mem = estimate_bytes(
-        cfg.suffix_config(),
-        scoped=cfg.isolation != "shared",
-        corpus_tokens=cfg.max_corpus_tokens,
-    )
+    mem = cfg.suffix_memory()
     rep.data["suffix_memory_bound_bytes"] = mem.total
     rep.line("ok", f"suffix drafter memory bound: {mem.describe()}")
 

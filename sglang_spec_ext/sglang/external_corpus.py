@@ -40,6 +40,19 @@ _MIXIN = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
 #: Algorithms whose corpus requests these hooks serve (HYBRID's scheduler has no
 #: corpus manager: the host creates one only for NGRAM-route algorithms).
 CORPUS_ALGORITHMS = ("SUFFIX",)
+BOUND_ENV = "SGLANG_SPEC_EXT_MAX_CORPUS_TOKENS"
+
+
+def _refuse_if_off(max_tokens: int) -> None:
+    if max_tokens == 0:
+        raise ValueError(f"external corpora are off on this server ({BOUND_ENV}=0)")
+
+
+def _over_bound(what: str, total: int, max_tokens: int) -> ValueError:
+    return ValueError(
+        f"{what} hold {total} tokens, over the external corpus bound of {max_tokens} "
+        f"({BOUND_ENV}); nothing was loaded"
+    )
 
 
 def split_documents(token_chunks: list[list[int]]) -> list[list[int]]:
@@ -71,10 +84,7 @@ class CorpusStore:
     def build(self, corpus_id: str, token_chunks: list[list[int]]) -> int:
         """Build (any thread); raises ValueError with the reason when refused."""
         name_scopes = parse_corpus_id(corpus_id)
-        if self.max_tokens == 0:
-            raise ValueError(
-                "external corpora are off on this server (SGLANG_SPEC_EXT_MAX_CORPUS_TOKENS=0)"
-            )
+        _refuse_if_off(self.max_tokens)
         docs = split_documents(token_chunks or [])
         tokens = sum(len(d) for d in docs)
         if tokens == 0:
@@ -84,7 +94,7 @@ class CorpusStore:
         if used + tokens > self.max_tokens:
             raise ValueError(
                 f"corpus {corpus_id!r} has {tokens} tokens; the corpora together may hold "
-                f"{self.max_tokens} (SGLANG_SPEC_EXT_MAX_CORPUS_TOKENS) and {used} are in use"
+                f"{self.max_tokens} ({BOUND_ENV}) and {used} are in use"
             )
         corpus = self._worker.drafter.build_corpus(docs)
         with self._lock:
@@ -146,10 +156,7 @@ def _tokenize_documents(tokenizer: Any, documents: list[str], max_tokens: int) -
             ids = [SEPARATOR_TOKEN, *ids]
         total += len(ids)
         if total > max_tokens:
-            raise ValueError(
-                f"the documents exceed the external corpus bound of {max_tokens} tokens "
-                "(SGLANG_SPEC_EXT_MAX_CORPUS_TOKENS); nothing was loaded"
-            )
+            raise _over_bound("the documents", total, max_tokens)
         chunks.append(ids)
     return chunks
 
@@ -159,10 +166,7 @@ def _check_token_chunks(chunks: Any, max_tokens: int) -> None:
         raise ValueError("token_chunks must be a list of lists of token ids")
     total = sum(len(c) for c in chunks)
     if total > max_tokens:
-        raise ValueError(
-            f"token_chunks hold {total} tokens, over the external corpus bound of {max_tokens} "
-            "(SGLANG_SPEC_EXT_MAX_CORPUS_TOKENS); nothing was loaded"
-        )
+        raise _over_bound("token_chunks", total, max_tokens)
     split_documents(chunks)  # token ids and separators only
 
 
@@ -176,10 +180,7 @@ async def add_corpus_around(original: Any, self: Any, obj: Any) -> Any:
     self.auto_create_handle_loop()
     try:
         max_tokens = _max_tokens()
-        if max_tokens == 0:
-            raise ValueError(
-                "external corpora are off on this server (SGLANG_SPEC_EXT_MAX_CORPUS_TOKENS=0)"
-            )
+        _refuse_if_off(max_tokens)
         if not obj.corpus_id:
             import uuid
 

@@ -187,18 +187,9 @@ def publish_drafter(stats: dict[str, Any], config: Any) -> None:
     for stage, n in (stats.get("draft_faults_by_stage") or {}).items():
         METRICS.total("draft_faults", n, stage=stage)
     if config is not None:
-        from sglang_spec_ext.sglang.server_args import plugin_config
-        from sglang_spec_ext.suffix.memory import estimate_bytes
-
         METRICS.set("drafter_cached_tokens_bound", config.max_cached_tokens)
         METRICS.set("drafter_cached_requests_bound", config.max_cached_requests)
-        plugin = plugin_config()
-        bound = estimate_bytes(
-            config,
-            int(stats.get("sessions", 0)),
-            scoped=plugin.isolation != "shared",
-            corpus_tokens=plugin.max_corpus_tokens,
-        )
+        bound = config.suffix_memory(int(stats.get("sessions", 0)))
         METRICS.set("drafter_memory_bound_bytes", bound.total)
 
 

@@ -96,7 +96,8 @@ def _host_server_args() -> Any:
 
 
 def _rank_role() -> tuple[bool, int | None]:
-    """(whether this process writes the snapshot, its DP replica or None)."""
+    """(whether this process writes the snapshot, its DP replica where there are
+    several, else None)."""
     try:
         from sglang.srt.runtime_context import get_parallel
 
@@ -109,7 +110,8 @@ def _rank_role() -> tuple[bool, int | None]:
         writer = True
     try:
         dp_rank = parallel.dp_rank
-        dp_rank = int(dp_rank) if dp_rank is not None else None
+        several = dp_rank is not None and int(parallel.dp_size) > 1
+        dp_rank = int(dp_rank) if several else None
     except Exception:  # noqa: BLE001
         dp_rank = None
     return writer, dp_rank
@@ -184,7 +186,7 @@ class SnapshotKeeper:
         if not raw:
             return None
         writer, dp_rank = _rank_role()
-        if dp_rank is not None and _dp_size() > 1:
+        if dp_rank is not None:
             raw = f"{raw}.dp{dp_rank}"
         path = check_snapshot_path(raw, writable=writer)
         keeper = cls(
@@ -389,12 +391,3 @@ class SnapshotKeeper:
                 self.path,
                 w["export_s"] + w["write_s"],
             )
-
-
-def _dp_size() -> int:
-    try:
-        from sglang.srt.runtime_context import get_parallel
-
-        return int(get_parallel().dp_size)
-    except Exception:  # noqa: BLE001
-        return 1

@@ -195,6 +195,7 @@ class SuffixWorker(NGRAMWorker):
         self._stats_logged_at: float | None = None
         self._stats_log_interval_s = config.stats_log_interval_s
         self._tp_sync: TpSync | None = None  # set by __init__ with TP > 1
+        self._config = config  # the bounds the metrics report
         self._isolation = config.isolation
         self.corpora = CorpusStore(self, config.max_corpus_tokens)
         self._snapshots = None  # warm restarts (sglang/snapshots.py), opt-in
@@ -361,8 +362,8 @@ class SuffixWorker(NGRAMWorker):
 
     def _maybe_log_stats(self) -> None:
         """Once per decode step (SUFFIX and HYBRID): the stats line when due, and the
-        periodic snapshot (the first TP rank writes it)."""
-        if self._snapshots is not None and (self._tp_sync is None or self._tp_sync.is_src()):
+        periodic snapshot when due (the keeper knows whether this rank writes it)."""
+        if self._snapshots is not None:
             self._snapshots.maybe_save(self.drafter)
         now = time.monotonic()
         interval = self._stats_log_interval_s
@@ -371,7 +372,7 @@ class SuffixWorker(NGRAMWorker):
         self._stats_logged_at = now
         stats = self.drafter_stats()
         logger.info("%s%s", STATS_LOG_MARK, json.dumps(stats, default=str))
-        spec_metrics.publish_drafter(stats, self.drafter.config)
+        spec_metrics.publish_drafter(stats, self._config)
 
     # -- drafter faults ---------------------------------------------------------
     def _guarded(self, stage: str, rid: str, fn: Any, *args: Any) -> bool:

@@ -167,7 +167,8 @@ class SuffixDrafter:
         corpus of the same name is replaced."""
         if not isinstance(name, str) or not name:
             raise ValueError("a corpus needs a non-empty name")
-        if name not in self.corpora() and len(self.corpora()) >= MAX_CORPORA:
+        attached = self.corpora()
+        if name not in attached and len(attached) >= MAX_CORPORA:
             raise ValueError(
                 f"{MAX_CORPORA} corpora are attached already: remove one before adding {name!r}"
             )

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sglang_spec_ext.config import PluginConfig
 from sglang_spec_ext.sglang import metrics as m
-from sglang_spec_ext.suffix import SuffixConfig
 
 HOST_LABELS = {"model_name": "tiny", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0,
                "moe_ep_rank": 0}  # fmt: skip
@@ -98,7 +98,7 @@ def test_reporter_hook_follows_the_hosts_decision(off):
 
 
 def test_drafter_series_equal_the_stats_line(on):
-    config = SuffixConfig()
+    config = PluginConfig()
     stats = {"sessions": 3, "cached_tokens": 120, "cached_requests": 4, "local_tokens": 50,
              "pending_tokens": 0, "memory_bytes": 4096, "draft_faults": 2,
              "draft_faults_by_stage": {"sync": 2}, "backend": "native"}  # fmt: skip
