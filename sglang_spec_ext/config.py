@@ -130,6 +130,7 @@ class PluginConfig:
     backend: str = "auto"
     cpu_fallbacks: bool = True
     host_fixes: bool = True
+    plain_steps: bool = True
     draft_kv_repair: bool = False
     draft_kv_repair_max_tokens: int = 8192
     stats_log_interval_s: float = 30.0

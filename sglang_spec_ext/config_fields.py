@@ -129,6 +129,14 @@ FIELDS: tuple[Field, ...] = (
         "fix host bugs that break speculative serving (see sglang/host_fixes.py)",
     ),
     Field(
+        "plain_steps",
+        bool,
+        True,
+        "run a decode step with nothing to verify (zero draft steps; SUFFIX with no draft for "
+        "any request of the batch) as the target's plain decode forward and sampling "
+        "(sglang/plain_step.py); False: the host's one-token verify",
+    ),
+    Field(
         "stats_log_interval_s",
         float,
         30.0,

@@ -25,6 +25,13 @@ draft) sets the host's skip flag and fills the holes when they matter:
   position only (recomputed, unchanged), which keeps the batch whole for the host's
   sampling info.
 
+* an AROUND hook on ``EagleDraftWorker._draft_extend_for_prefill`` defers the draft's
+  prefill extend of new requests while the worker is at zero steps: each request is
+  marked from its first prefilled position and the next draft input carries the
+  target's first token with zeroed top-k (as after a skipped zero-step extend), so a
+  server at zero steps runs no draft forward at all (with ``plain_step.py``, zero steps
+  are plain decoding).
+
 One prefill-shaped draft forward per upshift replaces one decode-shaped draft forward
 per zero step. The goodput controller knows: it prices probes up from zero steps with
 the rebuild (``AdaptiveController.expect_repairs``: the draft's prior extend time of the
@@ -63,6 +70,9 @@ logger = logging.getLogger("sglang_spec_ext")
 SKIP_ZERO_STEP_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 STUB_TARGET = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2._stub_skipped_draft_extend"
 DRAFT_TARGET = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft"
+PREFILL_EXTEND_TARGET = (
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill"
+)
 #: Attribute on a host ``Req``: first draft-KV position a skipped step left unwritten.
 STALE_ATTR = "_spec_ext_draft_kv_stale_from"
 #: Log line prefix of the repair counters (JSON-free: ``key=value`` pairs).
@@ -74,6 +84,7 @@ class RepairStats:
 
     def __init__(self) -> None:
         self.marked_steps = 0
+        self.deferred_prefills = 0  # prefill draft extends skipped at zero steps
         self.repairs = 0
         self.requests = 0
         self.tokens = 0
@@ -100,7 +111,15 @@ class RepairStats:
     def line(self) -> str:
         return STATS_LOG_MARK + " ".join(
             f"{k}={getattr(self, k)}"
-            for k in ("repairs", "requests", "tokens", "deferred", "truncated", "failures")
+            for k in (
+                "repairs",
+                "requests",
+                "tokens",
+                "deferred",
+                "truncated",
+                "failures",
+                "deferred_prefills",
+            )  # fmt: skip
         )
 
 
@@ -142,6 +161,65 @@ def _mark_skipped(result: Any, worker: Any, batch: Any, *_a: Any, **_k: Any) -> 
     STATS.unwritten_requests = len(batch.reqs)
     STATS.marked_steps += 1
     return None
+
+
+def _defer_prefill_extend(
+    original: Callable[..., Any], draft_worker: Any, batch: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """AROUND ``EagleDraftWorker._draft_extend_for_prefill``: at zero draft steps the
+    draft's prefill extend is skipped too (a server at zero steps runs no draft forward
+    at all); each request is marked from its first prefilled position, so the repair
+    rebuilds that draft KV with the rest when the request drafts again. The next draft
+    input carries the target's first token and zeroed top-k, as after a skipped
+    zero-step draft extend."""
+    mm_embeds = args[2] if len(args) > 2 else kwargs.get("mm_input_embeds")
+    if (
+        not STATS.enabled
+        or getattr(draft_worker, "speculative_num_steps", 1) != 0
+        or batch.forward_mode.is_idle()
+        or mm_embeds is not None
+        or not repairable(draft_worker)
+        or _rejection_sampling()
+    ):
+        return original(draft_worker, batch, *args, **kwargs)
+    next_token_ids = args[1] if len(args) > 1 else kwargs["next_token_ids"]
+    tokens = 0
+    for req, start, length in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True):
+        mark = getattr(req, STALE_ATTR, None)
+        setattr(req, STALE_ATTR, int(start) if mark is None else min(mark, int(start)))
+        tokens += int(length)
+    STATS.deferred_prefills += 1
+    STATS.unwritten_tokens = min(STATS.unwritten_tokens + tokens, STATS.max_tokens)
+    STATS.unwritten_requests += len(batch.reqs)
+    return _stub_draft_input(draft_worker, len(batch.reqs), next_token_ids)
+
+
+def _rejection_sampling() -> bool:
+    from sglang.srt.runtime_context import get_spec
+
+    return bool(get_spec().speculative_use_rejection_sampling)
+
+
+def _stub_draft_input(draft_worker: Any, bs: int, next_token_ids: torch.Tensor) -> Any:
+    """A next draft input with zeroed top-k (the host's own stub after a skipped
+    zero-step draft extend, ``_stub_skipped_draft_extend``) and the target's tokens."""
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+    from sglang.srt.speculative.eagle_utils import get_draft_recurrent_hidden_state_spec
+
+    device = next_token_ids.device
+    hidden_size, hidden_dtype = get_draft_recurrent_hidden_state_spec(draft_worker.draft_runner)
+    return EagleDraftInput(
+        topk_p=torch.zeros((bs, draft_worker.topk), dtype=torch.float32, device=device),
+        topk_index=torch.zeros((bs, draft_worker.topk), dtype=torch.int64, device=device),
+        hidden_states=(
+            None
+            if hidden_size is None
+            else torch.zeros((bs, hidden_size), dtype=hidden_dtype, device=device)
+        ),
+        bonus_tokens=next_token_ids,
+        num_tokens_per_req=1,
+        num_tokens_for_logprob_per_req=1,
+    )
 
 
 def max_steps() -> int:
@@ -407,6 +485,7 @@ def install_draft_kv_repair(max_tokens: int = 8192, log_interval_s: float = 30.0
         [
             (STUB_TARGET, _mark_skipped, HookType.AFTER),
             (DRAFT_TARGET, _repair_before_draft, HookType.BEFORE),
+            (PREFILL_EXTEND_TARGET, _defer_prefill_extend, HookType.AROUND),
         ]
     )
     return ["draft_kv_repair"]

@@ -14,6 +14,9 @@ Called by :func:`sglang_spec_ext.plugin.register` (so in every process SGLang's
   always on, inert for other algorithms;
 * fixes of host bugs that break speculative serving (``sglang/host_fixes.py``), on
   every host, switched by ``SGLANG_SPEC_EXT_HOST_FIXES`` (default on);
+* plain decode steps where a speculative step has nothing to verify (zero draft steps
+  of model drafts; ``sglang/plain_step.py``), switched by ``SGLANG_SPEC_EXT_PLAIN_STEPS``
+  (default on; SUFFIX's own empty steps are in ``suffix_worker.py``);
 * with ``SGLANG_SPEC_EXT_ADAPTIVE=1``, the goodput controller for model drafts
   (``sglang/model_draft_adaptive.py``): EAGLE, EAGLE3, STANDALONE and HYBRID step counts;
   with ``SGLANG_SPEC_EXT_DRAFT_KV_REPAIR=1`` also the draft-KV repair for STANDALONE
@@ -41,6 +44,11 @@ def install_runtime_hooks() -> list[str]:
 
     if install_request_guard():
         installed.append("request_guard")
+    # before the metrics: their AFTER hook on EAGLEWorkerV2.verify must see plain steps too
+    if config.plain_steps:
+        from sglang_spec_ext.sglang.plain_step import install_plain_steps
+
+        installed += install_plain_steps(config.stats_log_interval_s)
     from sglang_spec_ext.sglang.metrics import install_metrics
 
     installed += install_metrics()  # inert until the host enables metrics / our algorithms run
@@ -98,14 +106,38 @@ def _install_cpu_draft_attention() -> list[str]:
 def register_hooks_once(hooks: list[tuple[str, Any, Any]]) -> bool:
     """Register ``(target, hook, HookType)`` with SGLang's ``HookRegistry`` unless that
     hook is already on that target, and apply them (idempotent across calls); True if
-    any was newly registered."""
+    any was newly registered.
+
+    The host's ``apply_hooks`` patches a target once: a hook registered for a target an
+    earlier ``apply_hooks`` already patched would be recorded and never applied (our
+    metrics hook ``EAGLEWorkerV2.verify`` before the plain-step hook on it, for one). Such
+    a hook is wrapped around the target's current (already hooked) attribute here, with
+    the host's own wrapper for its hook type."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    new = False
+    new, late = False, []
     for target, hook, hook_type in hooks:
         if not any(h is hook for _t, h, _s in HookRegistry._hooks.get(target, ())):
+            if target in HookRegistry._patched:
+                late.append((target, hook, hook_type))
             HookRegistry.register(target, hook, hook_type)
             new = True
     if new:
         HookRegistry.apply_hooks()
+    for target, hook, hook_type in late:
+        _wrap_patched_target(target, hook, hook_type)
     return new
+
+
+def _wrap_patched_target(target: str, hook: Any, hook_type: Any) -> None:
+    """Wrap ``hook`` around the current attribute of an already patched ``target``."""
+    import pkgutil
+
+    from sglang.srt.plugins import hook_registry
+
+    obj_path, attr = target.rsplit(".", 1)
+    obj = pkgutil.resolve_name(obj_path)
+    current = getattr(obj, attr)
+    if isinstance(obj, type) and isinstance(obj.__dict__.get(attr), classmethod | staticmethod):
+        raise TypeError(f"{target}: late hooks on class or static methods are not supported")
+    setattr(obj, attr, hook_registry._wrap_fn(current, hook, hook_type))

@@ -29,17 +29,20 @@ import dataclasses
 import json
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from sglang.srt.runtime_context import get_device, get_schedule, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from sglang_spec_ext.sglang import metrics as spec_metrics
+from sglang_spec_ext.sglang import plain_step
 from sglang_spec_ext.sglang.external_corpus import CorpusStore
+from sglang_spec_ext.sglang.fault_log import FaultLog
 from sglang_spec_ext.sglang.server_args import plugin_config
 from sglang_spec_ext.sglang.tp_sync import TpDraftError, TpSync, tp_sync
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter
@@ -49,11 +52,6 @@ from sglang_spec_ext.tree import pack_batch
 
 logger = logging.getLogger("sglang_spec_ext")
 
-#: Request ids remembered as "fault already logged" (oldest forgotten first).
-FAULT_LOG_MEMORY = 4096
-#: At most this many drafter-fault WARNING lines per FAULT_LOG_WINDOW_S seconds.
-FAULT_LOG_BURST = 10
-FAULT_LOG_WINDOW_S = 60.0
 #: The INFO line with the drafter statistics (JSON after the mark), logged at the first
 #: decode step and then at most every SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S seconds (the
 #: soak harness, sglang_spec_ext/soak/runner.py, reads them from the server log).
@@ -189,12 +187,13 @@ class SuffixWorker(NGRAMWorker):
         self.ngram_corpus = _SessionCloser(self)
         self._sessions: dict[str, _Session] = {}
         self._faults: Counter[str] = Counter()  # stage -> drafting faults absorbed
-        self._fault_logged: OrderedDict[str, None] = OrderedDict()
-        self._fault_log_window = (0.0, 0)  # (window start, lines logged in it)
-        self._fault_log_suppressed = 0
+        self._fault_log = FaultLog()
         self._stats_logged_at: float | None = None
         self._stats_log_interval_s = config.stats_log_interval_s
         self._tp_sync: TpSync | None = None  # set by __init__ with TP > 1
+        self._plain_steps = config.plain_steps  # empty steps as plain decode steps
+        self._step_empty = False  # no request has a draft in the last drafted step
+        self._staged: tuple[np.ndarray, np.ndarray] | None = None
         self._config = config  # the bounds the metrics report
         self._isolation = config.isolation
         self.corpora = CorpusStore(self, config.max_corpus_tokens)
@@ -207,7 +206,37 @@ class SuffixWorker(NGRAMWorker):
                 self._snapshots.load_into(self.drafter)
 
     # -- host NGRAM hooks we replace -----------------------------------------
+    def forward_batch_generation(self, batch: Any, on_publish=None, pp_proxy_tensors=None):
+        """The host's NGRAM step, or a plain decode step where no request of the batch
+        has a draft (``plain_step.py``; the emptiness is the verified drafts', the same
+        on every TP rank)."""
+        self._staged = None
+        if self._plain_steps and batch.forward_mode.is_decode() and batch.reqs:
+            tokens, mask = self._prepare_draft_tokens(batch)
+            if self._step_empty:
+                reason = plain_step.ineligible(batch, pp_proxy_tensors)
+                if reason is None:
+                    roots = torch.from_numpy(tokens[:: self.draft_token_num])
+                    result = plain_step.ngram_plain_step(self, batch, roots, on_publish)
+                    if result is not None:
+                        return result
+                else:
+                    plain_step.STATS.count(False, reason)
+            self._staged = (tokens, mask)
+        return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
+
+    def after_plain_step(self, batch: Any) -> None:
+        """What the host's NGRAM verify does after a step for the requests' match state."""
+        cur_rids = {req.rid for req in batch.reqs}
+        departed = self._prev_decode_rids - cur_rids
+        if departed:
+            self.ngram_corpus.erase_match_state(list(departed))
+        self._prev_decode_rids = cur_rids
+
     def _prepare_draft_tokens(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        staged, self._staged = getattr(self, "_staged", None), None
+        if staged is not None:  # drafted by forward_batch_generation for this step
+            return staged
         if self._tp_sync is None:
             return self._local_drafts(batch)
         # TP: every rank verifies the first rank's drafts. The broadcast stays outside
@@ -222,8 +251,12 @@ class SuffixWorker(NGRAMWorker):
             width = self.draft_token_num
             tokens = np.zeros((len(batch.reqs) * width,), dtype=np.int64)
             mask = np.zeros((len(batch.reqs) * width * width,), dtype=bool)
+            self._step_empty = True
         try:
-            return self._tp_sync.drafts(tokens, mask, ok=ok)
+            tokens, mask, self._step_empty = self._tp_sync.drafts_flagged(
+                tokens, mask, ok=ok, empty=self._step_empty
+            )
+            return tokens, mask
         except TpDraftError as exc:
             self._fault("tp-source", None, exc)
             return self._root_only_drafts(batch)
@@ -233,6 +266,7 @@ class SuffixWorker(NGRAMWorker):
         the roots only, the same on every TP rank (they hold the same committed tokens)."""
         prevs = self._relayed_per_request(batch)
         roots = [_last_token(req, prev) for req, prev in zip(batch.reqs, prevs, strict=True)]
+        self._step_empty = True
         return pack_batch([DraftTree() for _ in roots], roots, self.draft_token_num)
 
     def _relayed_per_request(self, batch: Any) -> list[list[int]]:
@@ -259,6 +293,7 @@ class SuffixWorker(NGRAMWorker):
         trees = self._speculate([r for r, good in zip(rids, ok, strict=True) if good], width - 1)
         it = iter(trees)
         trees = [next(it) if good else DraftTree() for good in ok]
+        self._step_empty = not any(len(tree.parents) for tree in trees)
         try:
             return pack_batch(trees, roots, width)
         except Exception as exc:  # a malformed draft: find it, plain-decode its request
@@ -269,6 +304,7 @@ class SuffixWorker(NGRAMWorker):
                 except Exception as tree_exc:
                     self._fault("pack", rids[i], tree_exc)
                     trees[i] = DraftTree()
+            self._step_empty = not any(len(tree.parents) for tree in trees)
             return pack_batch(trees, roots, width)
 
     def _speculate(self, rids: list[str], max_nodes: int) -> list[DraftTree]:
@@ -414,33 +450,7 @@ class SuffixWorker(NGRAMWorker):
         logger.warning("SUFFIX drafter reset after a fault; every request starts a new session")
 
     def _log_fault(self, stage: str, rid: str | None, exc: BaseException) -> None:
-        key = f"{stage}:{rid}" if rid is None else rid
-        if key in self._fault_logged:
-            return  # once per request id
-        self._fault_logged[key] = None
-        if len(self._fault_logged) > FAULT_LOG_MEMORY:
-            self._fault_logged.popitem(last=False)
-        now = time.monotonic()
-        start, lines = self._fault_log_window
-        if now - start > FAULT_LOG_WINDOW_S:
-            start, lines = now, 0
-        if lines >= FAULT_LOG_BURST:
-            self._fault_log_suppressed += 1
-            self._fault_log_window = (start, lines)
-            return
-        suppressed, self._fault_log_suppressed = self._fault_log_suppressed, 0
-        self._fault_log_window = (start, lines + 1)
-        logger.warning(
-            "SUFFIX drafter fault in %s for request %s (%s: %s): plain decoding for it this "
-            "step, its drafter session restarts; %d faults so far%s",
-            stage,
-            rid,
-            type(exc).__name__,
-            exc,
-            sum(self._faults.values()),
-            f" ({suppressed} fault lines suppressed)" if suppressed else "",
-            exc_info=sum(self._faults.values()) == 1,  # the first one with its traceback
-        )
+        self._fault_log.log(stage, rid, exc, sum(self._faults.values()))
 
     # -- the host's external-corpus requests (/add_external_corpus and friends) ---
     # The host's ExternalCorpusManager calls these (add on its loader thread).

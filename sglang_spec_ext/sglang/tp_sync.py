@@ -63,22 +63,33 @@ class TpSync:
     def drafts(
         self, tokens: np.ndarray, mask: np.ndarray, ok: bool = True
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The source rank's draft tokens and tree mask. Cost per decode step: ``bs * width``
-        int64 tokens and ``bs * width * width`` mask bytes (about 70 kB at batch 256,
-        width 16), plus one int64: whether the source rank's drafts are valid. A rank
-        whose own drafting failed passes ``ok=False`` with arrays of the right shape;
-        if the source rank failed, every rank raises :class:`TpDraftError` together
-        (no rank is left waiting in a collective the others skipped)."""
+        """The source rank's draft tokens and tree mask (:meth:`drafts_flagged` without
+        the emptiness flag)."""
+        tokens, mask, _empty = self.drafts_flagged(tokens, mask, ok=ok)
+        return tokens, mask
+
+    def drafts_flagged(
+        self, tokens: np.ndarray, mask: np.ndarray, ok: bool = True, empty: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """The source rank's draft tokens, tree mask and whether none of its requests has
+        a draft (``empty``: the step runs as a plain decode step on every rank). Cost per
+        decode step: ``bs * width`` int64 tokens and ``bs * width * width`` mask bytes
+        (about 70 kB at batch 256, width 16), plus one int64: whether the source rank's
+        drafts are valid, and the emptiness flag. A rank whose own drafting failed
+        passes ``ok=False`` with arrays of the right shape; if the source rank failed,
+        every rank raises :class:`TpDraftError` together (no rank is left waiting in a
+        collective the others skipped)."""
         t = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
         m = torch.from_numpy(np.ascontiguousarray(mask).view(np.uint8))
-        src_ok = self.choice(1 if ok else 0)
+        flags = self.choice((1 if ok else 0) | (2 if empty else 0))
         torch.distributed.broadcast(t, src=self.src, group=self.cpu_group)
         torch.distributed.broadcast(m, src=self.src, group=self.cpu_group)
-        if not src_ok:
+        if not flags & 1:
             raise TpDraftError(
                 f"TP source rank {self.src} could not draft this step; every rank stops it"
             )
-        return t.numpy().astype(tokens.dtype, copy=False), m.numpy().view(mask.dtype)
+        out_tokens = t.numpy().astype(tokens.dtype, copy=False)
+        return out_tokens, m.numpy().view(mask.dtype), bool(flags & 2)
 
 
 def tp_sync() -> TpSync | None:

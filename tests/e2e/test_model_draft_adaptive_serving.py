@@ -17,6 +17,7 @@ import pytest
 
 from sglang_spec_ext.sglang.draft_kv_repair import STATS_LOG_MARK as REPAIR_MARK
 from sglang_spec_ext.sglang.model_draft_adaptive import STEPS_LOG_MARK
+from tests.e2e.spec_metrics import plain_step_counts
 from tests.e2e.test_standalone_serving import TOPK1, TOPK2, _cases, _greedy
 
 #: Short patience and frequent probes (no exploration budget) so step counts really
@@ -104,6 +105,10 @@ def test_hybrid_adaptive_steps_parity(tiny_baseline_server, hybrid_adaptive, tok
     assert repairs, "no request drafted again after zero steps: the repair never ran"
     last = dict(kv.split("=") for kv in repairs[-1].split())
     assert int(last["requests"]) >= 1 and int(last["tokens"]) >= 2 and last["failures"] == "0"
+    # the pinned tier's zero steps ran as plain decode steps (sglang/plain_step.py)
+    plain = plain_step_counts(log)
+    print(f"HYBRID plain-step counters: {plain}")
+    assert plain.get("plain", 0) >= 1, "HYBRID at zero steps ran no plain decode step"
 
 
 @pytest.mark.parametrize("algo", ["STANDALONE", "HYBRID"])

@@ -29,7 +29,7 @@ import pytest
 import requests
 
 from sglang_spec_ext.sglang.cpu_overlap import ENV, LOOP_MESSAGE, TRACE_MESSAGE, parse_trace
-from tests.e2e.spec_metrics import accept_length
+from tests.e2e.spec_metrics import accept_length, plain_step_counts
 from tests.e2e.test_suffix_serving import CODE, PROMPTS
 
 NEW_TOKENS = 24
@@ -58,13 +58,6 @@ def _ngram(_model: Path, _tmp) -> tuple[tuple[str, ...], dict[str, str]]:
     return ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"), {}
 
 
-def _standalone(model: Path, _tmp) -> tuple[tuple[str, ...], dict[str, str]]:
-    # The tiny model as its own draft: drafts are accepted often, so multi-token
-    # accepts (and their relay) really happen.
-    algo = ("--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(model))
-    return (*algo, *CHAIN3), {}
-
-
 def _eagle3(model: Path, tmp) -> tuple[tuple[str, ...], dict[str, str]]:
     from sglang_spec_ext.testing_models import build_eagle3_head
 
@@ -77,9 +70,11 @@ SERVED = {
     "SUFFIX": _suffix,
     "SUFFIX-adaptive": _adaptive_suffix,
     "NGRAM": _ngram,
-    "STANDALONE": _standalone,
     "EAGLE3": _eagle3,
 }
+# STANDALONE runs the same V2 model-draft worker and relay as EAGLE3; it is served under
+# overlap (with graphs; drafting at small batch sizes, zero steps above them, an abort)
+# in tests/e2e/test_plain_steps.py.
 
 
 # HYBRID is not served here: it turns overlap scheduling off on every device, the switch
@@ -220,6 +215,11 @@ def test_the_overlap_loop_and_relay_really_ran(overlap_server):
     assert "overlap scheduling turned off" not in log
     if name.startswith("SUFFIX"):
         assert re.search(r"SUFFIX worker: .*overlap True", log), "our worker ran without overlap"
+        # steps where no request had a draft ran as plain decode steps (plain_step.py),
+        # their tokens relayed like a verify's (the parity tests above pass)
+        plain = plain_step_counts(log)
+        print(f"\n{name} plain-step counters: {plain}")
+        assert plain.get("plain", 0) >= 1, f"{name}: no plain decode step under overlap"
     trace = _wait_for_trace(server, "relayed_steps", 10)
     print(f"\n{name} overlap trace: {trace}")
     assert int(trace["relayed_steps"]) >= 10, trace

@@ -11,7 +11,7 @@ import concurrent.futures as cf
 
 import pytest
 
-from tests.e2e.spec_metrics import accept_length
+from tests.e2e.spec_metrics import accept_length, plain_step_counts
 from tests.harness.server import abort_mid_stream
 
 WIDTH = 8
@@ -120,6 +120,24 @@ def test_concurrent_requests_match_baseline(servers, tok):
         got = list(pool.map(lambda ids: _greedy(spec, ids, 32)["output_ids"], prompts))
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g == w, f"concurrent request {i} differs"
+
+
+def test_random_token_prompts_run_as_plain_decode_steps(servers, tok):
+    """Random-token prompts: the drafter finds nothing for any request of a batch, and
+    those steps run as plain decode steps (sglang/plain_step.py), with plain serving's
+    greedy output and one token per step."""
+    import random
+
+    base, spec = servers
+    rng = random.Random(7)
+    prompts = [[rng.randrange(100, len(tok) - 1) for _ in range(48)] for _ in range(3)]
+    want = [_greedy(base, ids, 24)["output_ids"] for ids in prompts]
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda ids: _greedy(spec, ids, 24), prompts))
+    assert [g["output_ids"] for g in got] == want
+    plain = plain_step_counts(spec.log_path.read_text())
+    print(f"\nSUFFIX on random tokens, plain-step counters: {plain}")
+    assert plain.get("plain", 0) >= 1, "no plain decode step ran"
 
 
 def test_abort_mid_generation_leaves_server_healthy(servers, tok):

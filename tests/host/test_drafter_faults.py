@@ -162,9 +162,9 @@ def test_faults_are_logged_once_per_request_and_counted_every_time(worker, caplo
 
 
 def test_fault_log_lines_are_rate_limited(worker, caplog, monkeypatch):
-    from sglang_spec_ext.sglang import suffix_worker
+    from sglang_spec_ext.sglang import fault_log
 
-    monkeypatch.setattr(suffix_worker, "FAULT_LOG_BURST", 3)
+    monkeypatch.setattr(fault_log, "FAULT_LOG_BURST", 3)
     reqs = [Req(f"r{i}", "", [1, 2, 3], SamplingParams(max_new_tokens=8)) for i in range(8)]
 
     def always(*a, **k):

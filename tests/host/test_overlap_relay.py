@@ -163,6 +163,11 @@ def make_worker() -> AdaptiveSuffixWorker:
     w._prev_decode_rids = set()
     w.grammar_tree_host = None
     w._init_drafter()
+    # Steps without any draft stay on the host's NGRAM verify here: a plain decode step
+    # (plain_step.py) runs the target's real DECODE forward, which the stand-in target
+    # cannot; its relay under the host's real overlap loop is checked end to end
+    # (tests/e2e/test_overlap_parity.py, tests/e2e/test_plain_steps.py).
+    w._plain_steps = False
     w._init_preallocated_tensors()
     return w
 

@@ -52,7 +52,12 @@ def test_worker_overrides_only_the_draft_source():
         "clear_cache_pool",
     ):
         assert callable(getattr(NGRAMWorker, name, None)), name
-    assert SuffixWorker.forward_batch_generation is NGRAMWorker.forward_batch_generation
+    # Our forward only adds plain decode steps (no draft for any request of a batch,
+    # plain_step.py); every other step is the host's NGRAM step.
+    import inspect
+
+    source = inspect.getsource(SuffixWorker.forward_batch_generation)
+    assert "return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)" in source
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ the test with an error instead of hanging it. Covered:
   with its own clock: without TP the ranks choose different step counts, with it both
   run the first rank's;
 * HYBRID's choice and suffix rows when one rank's suffix drafting raises;
-* SUFFIX drafts when the first rank's drafting raises (every rank plain-decodes the step);
+* SUFFIX drafts when the first rank's drafting raises (every rank plain-decodes the step),
+  and whether a step has no draft at all (a plain decode step): the first rank's call;
 * the draft-KV repair when one rank cannot prepare it (no rank runs the forward).
 """
 
@@ -220,6 +221,18 @@ def _suffix_rank(rank: int, group) -> dict:
         w._local_drafts = local
         tokens, mask = w._prepare_draft_tokens(Batch(reqs))
         out[f"rank{failing}_fails"] = [tokens.tolist(), mask.astype(int).tolist()]
+        out[f"rank{failing}_fails_empty"] = w._step_empty
+
+    # Rank 1's drafter finds nothing, rank 0's does: whether the step runs as a plain
+    # decode step (no draft for any request) is rank 0's call on every rank.
+    def nothing_on_rank1(batch, real=real_local):
+        if rank == 1:
+            return w._root_only_drafts(batch)
+        return real(batch)
+
+    w._local_drafts = nothing_on_rank1
+    tokens, _mask = w._prepare_draft_tokens(Batch(reqs))
+    out["rank1_empty"] = [tokens.tolist(), w._step_empty]
     del w._local_drafts
     tokens, mask = w._local_drafts(Batch(reqs))
     out["own"] = [tokens.tolist(), mask.astype(int).tolist()]
@@ -241,6 +254,10 @@ def test_suffix_fault_on_either_rank_never_skips_the_broadcast(tmp_path):
     assert tokens[1:width] == [0] * (width - 1)
     assert r0["faults"] == {"prepare": 1, "tp-source": 1}
     assert r1["faults"] == {"prepare": 1, "tp-source": 1}
+    # the plain-step decision (plain_step.py) is the first rank's on both ranks
+    assert r0["rank1_fails_empty"] is r1["rank1_fails_empty"] is False
+    assert r0["rank0_fails_empty"] is r1["rank0_fails_empty"] is True
+    assert r0["rank1_empty"] == r1["rank1_empty"] == [r0["own"][0], False]
 
 
 # -- the draft-KV repair: one rank cannot prepare it ----------------------------------

@@ -344,6 +344,7 @@ class Case:
         w._prev_decode_rids = set()
         w.grammar_tree_host = None
         w._init_drafter()
+        w._plain_steps = False  # verify metadata per width: every step verifies here
         w._init_preallocated_tensors()
         w.init_cuda_graphs()  # what the scheduler calls after the target's graphs
         drafts: list[tuple[np.ndarray, np.ndarray]] = []
