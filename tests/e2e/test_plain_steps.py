@@ -8,7 +8,7 @@ repair on. Requests of different lengths arrive together, so the batch shrinks
 through every kind of step: 5-6 requests at zero steps run eagerly, i.e. as plain
 decode steps (``sglang/plain_step.py``) whose results go through the overlap relay;
 4 requests at zero steps replay the width-1 verify graph (the host's path, counted as
-``host_graph``); 1-3 requests draft again, padded into the graphs, after the repair
+``host_graph``); 1-3 requests draft again (pinned at 2 steps), padded into the graphs, after the repair
 rebuilt the draft KV that zero steps and deferred prefills left unwritten. Greedy
 output must equal plain serving's; a streamed request aborted mid-generation leaves the
 server serving correctly; sampled requests at zero steps finish. (This is also the
@@ -39,7 +39,9 @@ ENV = {
     "SGLANG_SPEC_EXT_CPU_GRAPHS": "1",
     "SGLANG_SPEC_EXT_ADAPTIVE": "1",
     "SGLANG_SPEC_EXT_ADAPTIVE_TIERS": "1,2,4",
-    "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "-1,-1,0",
+    # Batch sizes 1-3 pinned at 2 steps: left to the controller, cheap plain steps can make
+    # it choose zero there too, and then no request drafts again and nothing is repaired.
+    "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "2,2,0",
     "SGLANG_SPEC_EXT_DRAFT_KV_REPAIR": "1",
     "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0",
 }
