@@ -13,7 +13,8 @@ machine fall on every server alike):
   and the draft-KV repair (``SGLANG_SPEC_EXT_DRAFT_KV_REPAIR=1``: no draft forward at zero
   steps, the prefill's draft extend included);
 * ``controller``: our goodput controller, steps 0..3, plain steps and the repair;
-* ``SUFFIX`` (width 8) with and without plain steps, on a workload where the drafter
+* ``SUFFIX`` (width 8) with and without plain steps, and with the draft gate
+  (``SGLANG_SPEC_EXT_DRAFT_GATE=1``, ``sglang_spec_ext/suffix/gate.py``), on a workload where the drafter
   finds almost nothing (random-token prompts, sampled at temperature 1: greedy output on
   random tokens loops, which suffix drafts catch) and on the committed chat set (greedy;
   fresh prompts every round, so repeats do not turn it into a cache-hit test);
@@ -28,6 +29,7 @@ tokens per wall-clock second, summed over the rounds; greedy outputs are compare
 the plain server's; the verify steps (``spec_verify_ct``) give the accept length.
 
     .venv/bin/python benchmarks/plain_steps.py [--rounds 2] [--max-new-tokens 64]
+        [--suffix-only | --model-drafts-only]
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from model_draft_smollm2 import run, serve  # noqa: E402
 
 from sglang_spec_ext.machine import machine_info  # noqa: E402
 from sglang_spec_ext.sglang.plain_step import STATS_LOG_MARK  # noqa: E402
+from sglang_spec_ext.soak.runner import DRAFTER_STATS_MARK as DRAFTER_MARK  # noqa: E402
 
 LEVELS = (1, 4, 16)
 PINNED = {"SGLANG_SPEC_EXT_ADAPTIVE": "1", "SGLANG_SPEC_EXT_ADAPTIVE_CANDIDATE_KS": "0"}
@@ -83,13 +86,38 @@ def plain_counts(log_path: Path) -> str | None:
     return lines[-1].split(STATS_LOG_MARK, 1)[1].strip() if lines else None
 
 
+def gate_counts(log_path: Path) -> dict | None:
+    """The draft gate's counters from the server's last drafter-stats line."""
+    lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if DRAFTER_MARK in ln]
+    if not lines:
+        return None
+    stats = json.loads(lines[-1].split(DRAFTER_MARK, 1)[1])
+    return {k: v for k, v in stats.items() if k.startswith("gate_")} or None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=8, help="requests per level (16 at c=16)")
-    ap.add_argument("--json", default=str(REPO / "benchmarks/results/plain_steps.json"))
+    ap.add_argument("--json", default=None, help="default: benchmarks/results/plain_steps"
+                    "[_suffix].json")  # fmt: skip
+    ap.add_argument("--suffix-only", action="store_true",
+                    help="only plain and SUFFIX (plain steps, draft gate) on the random and "
+                    "chat sets")  # fmt: skip
+    ap.add_argument("--model-drafts-only", action="store_true",
+                    help="only plain, pinned at zero steps (plain steps) and the controller on "
+                    "the mixed workload")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.suffix_only and args.model_drafts_only:
+        raise SystemExit("--suffix-only and --model-drafts-only exclude each other")
+    if args.json is None:
+        name = "plain_steps.json"
+        if args.suffix_only:
+            name = "plain_steps_suffix.json"
+        elif args.model_drafts_only:
+            name = "plain_steps_model_drafts.json"
+        args.json = str(REPO / "benchmarks/results" / name)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from transformers import AutoTokenizer
@@ -129,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "controller": (draft, {"SGLANG_SPEC_EXT_ADAPTIVE": "1", **REPAIR}),
         "SUFFIX, host path": (suffix, {"SGLANG_SPEC_EXT_PLAIN_STEPS": "0"}),
         "SUFFIX, plain steps": (suffix, {}),
+        "SUFFIX, gate": (suffix, {"SGLANG_SPEC_EXT_DRAFT_GATE": "1"}),
     }
     model_servers = [
         "plain",
@@ -137,7 +166,16 @@ def main(argv: list[str] | None = None) -> int:
         "zero, plain steps",
         "controller",
     ]
-    suffix_servers = ["plain", "plain, no overlap", "SUFFIX, host path", "SUFFIX, plain steps"]
+    suffix_servers = ["plain", "plain, no overlap", "SUFFIX, host path", "SUFFIX, plain steps",
+                      "SUFFIX, gate"]  # fmt: skip
+    if args.suffix_only:
+        model_servers = []
+        suffix_servers = [n for n in suffix_servers if n != "SUFFIX, host path"]
+        configs = {n: configs[n] for n in suffix_servers}
+    if args.model_drafts_only:
+        model_servers = [n for n in model_servers if n != "zero, host path"]
+        suffix_servers = []
+        configs = {n: configs[n] for n in model_servers}
     jobs = [(n, "mixed", c) for n in model_servers for c in LEVELS]
     jobs += [(n, wl, spec[1]) for n in suffix_servers for wl, spec in suffix_sets.items()]
     totals: dict[tuple, dict] = {}
@@ -169,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar.update(1)
         bar.close()
         counts = {name: plain_counts(s.log_path) for name, s in servers.items()}
+        gates = {name: gate_counts(s.log_path) for name, s in servers.items() if "gate" in name}
 
     results = []
     for (name, wl, c), acc in totals.items():
@@ -196,11 +235,13 @@ def main(argv: list[str] | None = None) -> int:
                                            "temperature": v[2]} for k, v in suffix_sets.items()},
                        "servers": {n: {"args": a, "env": e} for n, (a, e) in configs.items()}},
         "plain_step_counters": counts,
+        "draft_gate_counters": gates,
         "results": results,
     }  # fmt: skip
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     print(f"plain-step counters (last log line per server): {counts}")
+    print(f"draft gate counters: {gates}")
     print(f"JSON: {args.json}")
     print("goodput, output tokens/s; x plain (overlap loop) and x plain without overlap;")
     print("accept length = tokens / verify steps; measured on this machine, CPU engine, eager")

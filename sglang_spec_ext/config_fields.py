@@ -137,6 +137,24 @@ FIELDS: tuple[Field, ...] = (
         "(sglang/plain_step.py); False: the host's one-token verify",
     ),
     Field(
+        "draft_gate",
+        bool,
+        False,
+        "fixed-width SUFFIX: verify a step only where the batch's calibrated expected accepted "
+        "draft tokens outweigh the verify's measured extra cost over a plain step; otherwise "
+        "run it plain (sglang_spec_ext/suffix/gate.py). Not with SGLANG_SPEC_EXT_ADAPTIVE=1, "
+        "whose controller picks the width",
+    ),
+    Field(
+        "draft_gate_cost",
+        float,
+        0.1,
+        "the draft gate's verify extra cost over a plain step (t_verify / t_plain - 1) until "
+        "both kinds of step were timed at a batch size",
+        0.0,
+        100.0,
+    ),
+    Field(
         "stats_log_interval_s",
         float,
         30.0,

@@ -5,7 +5,8 @@ number of draft nodes ``k`` for the batch size at hand; the step then verifies
 ``k + 1`` tokens per request (``k = 0`` is plain decoding through the verify
 path). ``--speculative-num-draft-tokens`` is the largest width.
 
-How widths switch without touching the host:
+How widths switch without touching the host (``width_switch.py``, shared with the
+fixed-width worker's narrow steps):
 
 * the host's NGRAM worker keeps preallocated draft buffers sized by
   ``draft_token_num``; one set per width is built lazily with the host's own
@@ -44,8 +45,6 @@ import time
 from collections import Counter
 from typing import Any
 
-import torch
-
 from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
 from sglang_spec_ext.sglang import metrics as spec_metrics
 from sglang_spec_ext.sglang.server_args import plugin_config
@@ -56,22 +55,6 @@ logger = logging.getLogger("sglang_spec_ext")
 
 #: Decode steps between two INFO lines summarising the widths the controller used.
 LOG_EVERY_STEPS = 200
-
-# NGRAMWorker attributes that depend on draft_token_num (built by _init_preallocated_tensors).
-_WIDTH_BUFFERS = (
-    "draft_tokens",
-    "retrieve_indexes",
-    "retrieve_next_token",
-    "retrieve_next_sibling",
-    "positions",
-    "tree_mask",
-    "draft_tokens_batch",
-    "tree_mask_batch",
-    "retrieve_indexes_batch",
-    "retrieve_next_token_batch",
-    "retrieve_next_sibling_batch",
-    "positions_batch",
-)
 
 
 def adaptive_config_for(max_width: int) -> AdaptiveConfig:
@@ -91,14 +74,19 @@ def verify_graph_widths(max_width: int) -> tuple[int, ...]:
 class AdaptiveSuffixWorker(SuffixWorker):
     """``--speculative-algorithm SUFFIX`` with ``SGLANG_SPEC_EXT_ADAPTIVE=1``."""
 
+    NARROW_EMPTY_STEPS = False  # width 1 is on the controller's ladder, with its graphs
+
     def _init_drafter(self) -> None:
         super()._init_drafter()
-        self.max_width = self.draft_token_num
+        if self._gate is not None:
+            logger.warning(
+                "SGLANG_SPEC_EXT_DRAFT_GATE=1 is ignored with SGLANG_SPEC_EXT_ADAPTIVE=1: the "
+                "controller chooses the verify width (width 1 is a plain step)"
+            )
+            self._gate = None
         self.controller = AdaptiveController(adaptive_config_for(self.max_width))
-        self._width_buffers: dict[int, dict[str, Any]] = {}
         self._pending: tuple | None = None  # (bs, k, accept_lens, rids, t_start)
         self._widths_used: Counter[int] = Counter()
-        self._verify_backends: VerifyWidthBackends | None = None
 
     def init_cuda_graphs(self) -> None:
         """After the target's graphs (the scheduler's order): a verify backend per width."""
@@ -108,33 +96,6 @@ class AdaptiveSuffixWorker(SuffixWorker):
         # then builds eager backends only for the widths without.
         self._verify_backends.prepare_graphs(verify_graph_widths(self.max_width))
         self._verify_backends.prepare(range(1, self.max_width + 1))
-
-    # -- per-width buffers ------------------------------------------------------
-    def _init_preallocated_tensors(self) -> None:
-        super()._init_preallocated_tensors()
-        self._width_buffers[self.draft_token_num] = {a: getattr(self, a) for a in _WIDTH_BUFFERS}
-
-    def _use_width(self, width: int) -> None:
-        if width not in self._width_buffers:
-            self.draft_token_num = width
-            super()._init_preallocated_tensors()
-            self._width_buffers[width] = {a: getattr(self, a) for a in _WIDTH_BUFFERS}
-        for name, value in self._width_buffers[width].items():
-            setattr(self, name, value)
-        self.draft_token_num = width
-        self.speculative_num_draft_tokens = width
-        self._use_verify_backend(width)
-
-    def _use_verify_backend(self, width: int) -> None:
-        """The target attention backend that verifies ``width`` tokens per request."""
-        backends = getattr(self, "_verify_backends", None)
-        if backends is None:
-            runner = getattr(self, "model_runner", None)
-            if runner is None or not hasattr(runner, "attn_backend"):
-                return  # no target attention backend (a stand-in runner)
-            # init_cuda_graphs was not called: the backend in place is the startup one.
-            backends = self._verify_backends = VerifyWidthBackends(runner, self.max_width)
-        backends.activate(width)
 
     # -- the step ----------------------------------------------------------------
     def forward_batch_generation(self, batch: Any, on_publish=None, pp_proxy_tensors=None):
@@ -186,21 +147,6 @@ class AdaptiveSuffixWorker(SuffixWorker):
         accepted = [max(0, int(a) - 1) for a in accept_lens.tolist()]
         step_time = now - t_start if prev_bs == bs else None
         self.controller.on_verify(prev_bs, k, accepted, step_time, req_ids=rids)
-
-    def _pad_relay(self, draft_input: Any, bs: int, width: int) -> None:
-        """Relayed accepted tokens at the startup stride (overlap scheduling)."""
-        tokens = draft_input.accept_tokens
-        if tokens is None:
-            return
-        if tokens.numel() != bs * width:
-            raise RuntimeError(
-                f"SUFFIX adaptive: relay of {tokens.numel()} accepted tokens for {bs} "
-                f"requests at width {width}; expected {bs * width}"
-            )
-        padded = torch.zeros((bs, self.max_width), dtype=tokens.dtype, device=tokens.device)
-        padded[:, :width] = tokens.view(bs, width)
-        draft_input.accept_tokens = padded.flatten()
-        draft_input.draft_token_num = self.max_width
 
     def close_sessions(self, rids: list[str]) -> None:
         super().close_sessions(rids)

@@ -71,6 +71,9 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
         "gauge", (), "Configured worst-case bytes: global tree plus one per-request tree "
         "per live session."),
     "draft_faults": ("counter", ("stage",), "Suffix-drafter faults absorbed, by stage."),
+    "draft_gate_steps": (
+        "counter", ("decision",), "SUFFIX draft-gate decisions on steps with drafts: "
+        "verify or plain."),
     "hybrid_steps": ("counter", ("source",), "HYBRID verify steps per winning draft source."),
     "hybrid_committed_tokens": (
         "counter", ("source",), "HYBRID tokens committed (bonus included) per draft source."),
@@ -186,6 +189,9 @@ def publish_drafter(stats: dict[str, Any], config: Any) -> None:
             METRICS.set(suffix, stats[key])
     for stage, n in (stats.get("draft_faults_by_stage") or {}).items():
         METRICS.total("draft_faults", n, stage=stage)
+    if "gate_steps_verified" in stats:  # SGLANG_SPEC_EXT_DRAFT_GATE=1
+        METRICS.total("draft_gate_steps", stats["gate_steps_verified"], decision="verify")
+        METRICS.total("draft_gate_steps", stats["gate_steps_plain"], decision="plain")
     if config is not None:
         METRICS.set("drafter_cached_tokens_bound", config.max_cached_tokens)
         METRICS.set("drafter_cached_requests_bound", config.max_cached_requests)

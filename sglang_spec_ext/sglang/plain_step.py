@@ -62,16 +62,22 @@ class PlainStepStats:
     """Steps run as plain decode steps, and steps left to the host's path by reason."""
 
     plain: int = 0
+    #: fixed-width SUFFIX steps with no draft replayed on its width-1 verify graphs
+    #: (``suffix_worker.SuffixWorker._narrow_step``)
+    narrow: int = 0
     host: Counter[str] = field(default_factory=Counter)
     log_interval_s: float = 30.0
     _logged_at: float | None = None
 
     def reset(self) -> None:
         self.plain = 0
+        self.narrow = 0
         self.host.clear()
 
-    def count(self, plain: bool, reason: str = "") -> None:
-        if plain:
+    def count(self, plain: bool, reason: str = "", narrow: bool = False) -> None:
+        if narrow:
+            self.narrow += 1
+        elif plain:
             self.plain += 1
         else:
             self.host[reason] += 1
@@ -82,7 +88,8 @@ class PlainStepStats:
 
     def line(self) -> str:
         host = " ".join(f"host_{k}={v}" for k, v in sorted(self.host.items()))
-        return f"plain={self.plain} {host}".strip()
+        narrow = f" narrow_graph={self.narrow}" if self.narrow else ""
+        return f"plain={self.plain} {host}{narrow}".strip()
 
 
 STATS = PlainStepStats()

@@ -45,8 +45,11 @@ from sglang_spec_ext.sglang.external_corpus import CorpusStore
 from sglang_spec_ext.sglang.fault_log import FaultLog
 from sglang_spec_ext.sglang.server_args import plugin_config
 from sglang_spec_ext.sglang.tp_sync import TpDraftError, TpSync, tp_sync
+from sglang_spec_ext.sglang.verify_width import VerifyWidthBackends
+from sglang_spec_ext.sglang.width_switch import WidthSwitchMixin
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter
 from sglang_spec_ext.suffix.draft import DraftTree
+from sglang_spec_ext.suffix.gate import DraftGate, GateConfig
 from sglang_spec_ext.suffix.scopes import scope_key
 from sglang_spec_ext.tree import pack_batch
 
@@ -120,8 +123,12 @@ class _SessionCloser:
         return None
 
 
-class SuffixWorker(NGRAMWorker):
+class SuffixWorker(WidthSwitchMixin, NGRAMWorker):
     """``--speculative-algorithm SUFFIX``."""
+
+    #: Capture width-1 target verify graphs at start-up for steps with no draft
+    #: (adaptive SUFFIX captures every width of its ladder itself).
+    NARROW_EMPTY_STEPS = True
 
     def __init__(
         self,
@@ -166,6 +173,7 @@ class SuffixWorker(NGRAMWorker):
         worker = object.__new__(cls)
         worker.enable_overlap = False
         worker._init_drafter(use_tree)
+        worker._gate = None  # HYBRID chooses per request; it has its own calibration
         return worker
 
     def _init_drafter(self, use_tree: bool | None = None) -> None:
@@ -175,6 +183,10 @@ class SuffixWorker(NGRAMWorker):
         if use_tree is not None and use_tree != suffix_config.use_tree:
             suffix_config = dataclasses.replace(suffix_config, use_tree=use_tree)
         self.drafter = SuffixDrafter(suffix_config, backend=config.backend)
+        self.max_width = getattr(self, "draft_token_num", 0)  # the startup verify width
+        self._width_buffers: dict[int, dict[str, Any]] = {}
+        self._verify_backends: VerifyWidthBackends | None = None
+        self._narrow = False  # width-1 verify graphs for steps with no draft
         if self.drafter.backend != "native" and config.backend == "auto":
             logger.warning(
                 "SUFFIX: the native suffix-tree core (sglang_spec_ext.suffix._native) is not "
@@ -193,6 +205,13 @@ class SuffixWorker(NGRAMWorker):
         self._tp_sync: TpSync | None = None  # set by __init__ with TP > 1
         self._plain_steps = config.plain_steps  # empty steps as plain decode steps
         self._step_empty = False  # no request has a draft in the last drafted step
+        # The draft gate (suffix/gate.py): fixed-width SUFFIX verifies only where it pays.
+        self._gate = (
+            DraftGate(GateConfig(cost_prior=config.draft_gate_cost))
+            if (config.draft_gate and config.plain_steps)
+            else None
+        )
+        self._gate_step: tuple[int, bool, float] | None = None  # (bs, verified, start)
         self._staged: tuple[np.ndarray, np.ndarray] | None = None
         self._config = config  # the bounds the metrics report
         self._isolation = config.isolation
@@ -211,12 +230,18 @@ class SuffixWorker(NGRAMWorker):
         has a draft (``plain_step.py``; the emptiness is the verified drafts', the same
         on every TP rank)."""
         self._staged = None
+        if self._gate is not None:
+            self._time_gate_step(batch)
         if self._plain_steps and batch.forward_mode.is_decode() and batch.reqs:
             tokens, mask = self._prepare_draft_tokens(batch)
+            if self._gate is not None:
+                self._gate_step = (len(batch.reqs), not self._step_empty, time.perf_counter())
             if self._step_empty:
                 reason = plain_step.ineligible(batch, pp_proxy_tensors)
                 if reason is None:
                     roots = torch.from_numpy(tokens[:: self.draft_token_num])
+                    if self._narrow_fits(batch):
+                        return self._narrow_step(batch, roots, on_publish, pp_proxy_tensors)
                     result = plain_step.ngram_plain_step(self, batch, roots, on_publish)
                     if result is not None:
                         return result
@@ -224,6 +249,68 @@ class SuffixWorker(NGRAMWorker):
                     plain_step.STATS.count(False, reason)
             self._staged = (tokens, mask)
         return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
+
+    def init_cuda_graphs(self) -> None:
+        """After the target's graphs (the scheduler's order): where the startup width has
+        verify graphs, width-1 verify graphs too, on which a step with no draft for any
+        request replays a decode-shaped forward (:meth:`_narrow_step`). Without them such
+        a step runs the plain decode forward eagerly: the host's verify graph runner
+        refuses a DECODE batch of an NGRAM-style worker (its width check), and eager
+        kernel launches cost more than a replay on a GPU at small batch sizes."""
+        super().init_cuda_graphs()
+        if not (self.NARROW_EMPTY_STEPS and self._plain_steps and self.max_width > 1):
+            return
+        if getattr(self.model_runner, "decode_cuda_graph_runner", None) is None:
+            return  # eager serving: such steps run as plain decode steps
+        backends = VerifyWidthBackends(self.model_runner, self.max_width)
+        try:
+            backends.prepare_graphs((1,))
+        except Exception as exc:  # an optimisation: serve without it, say so
+            logger.warning(
+                "SUFFIX: could not capture width-1 verify graphs (%s); steps with no draft "
+                "replay the width-%d verify graphs. SGLANG_SPEC_EXT_PLAIN_STEPS=0 silences "
+                "this.",
+                exc,
+                self.max_width,
+            )
+            return
+        self._verify_backends = backends
+        self._narrow = True
+
+    def _narrow_fits(self, batch: Any) -> bool:
+        """Whether this step replays the width-1 verify graphs (captured, batch size
+        within the captured sizes, the worker at its startup width)."""
+        if not self._narrow or self.draft_token_num != self.max_width:
+            return False
+        runner = self._verify_backends.graph_runner(1)
+        return runner is not None and len(batch.reqs) <= getattr(runner, "max_bs", 0)
+
+    def _narrow_step(self, batch: Any, roots: torch.Tensor, on_publish, pp_proxy_tensors) -> Any:
+        """A decode step with no draft for any request, where a verify graph runs it: the
+        host's verify at width 1 (roots only) on the width-1 graphs, the relay padded
+        back to the startup width."""
+        bs = len(batch.reqs)
+        self._use_width(1)
+        try:
+            self._staged = (roots.numpy().astype(np.int64), np.ones(bs, dtype=bool))
+            result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
+        finally:
+            self._staged = None
+            self._use_width(self.max_width)
+        if result.next_draft_input is not None:
+            self._pad_relay(result.next_draft_input, bs, 1)
+        plain_step.STATS.count(False, narrow=True)
+        return result
+
+    def _time_gate_step(self, batch: Any) -> None:
+        """The previous decode step's wall time (to this step's start, the same batch
+        size: what bounds decode throughput, as the adaptive controller times it)."""
+        prev, self._gate_step = self._gate_step, None
+        if prev is None or not batch.forward_mode.is_decode():
+            return
+        bs, verified, start = prev
+        if bs == len(batch.reqs):
+            self._gate.on_step_time(bs, verified, time.perf_counter() - start)
 
     def after_plain_step(self, batch: Any) -> None:
         """What the host's NGRAM verify does after a step for the requests' match state."""
@@ -293,6 +380,8 @@ class SuffixWorker(NGRAMWorker):
         trees = self._speculate([r for r, good in zip(rids, ok, strict=True) if good], width - 1)
         it = iter(trees)
         trees = [next(it) if good else DraftTree() for good in ok]
+        if self._gate is not None and not self._gate.decide(rids, trees):
+            trees = [DraftTree() for _ in trees]  # weak drafts: a plain step pays more
         self._step_empty = not any(len(tree.parents) for tree in trees)
         try:
             return pack_batch(trees, roots, width)
@@ -354,14 +443,20 @@ class SuffixWorker(NGRAMWorker):
             )
             self.drafter.start_request(req.rid, req.origin_input_ids_unpadded, scope=scope)
             session = self._sessions[req.rid] = _Session()
+            if self._gate is not None:
+                self._gate.forget(req.rid)
         if total > session.synced:
             start = session.synced
             new = list(out[start:]) + prev if start < len(out) else prev[start - len(out) :]
             self.drafter.extend_request(req.rid, new)
+            if self._gate is not None:  # what the request's last draft was up against
+                self._gate.on_committed(req.rid, new)
             session.synced = total
         session.req = req
 
     def _close(self, rid: str) -> None:
+        if self._gate is not None:
+            self._gate.forget(rid)
         session = self._sessions.pop(rid, None)
         if session is None:
             return
@@ -394,6 +489,8 @@ class SuffixWorker(NGRAMWorker):
             stats.update(self.drafter.stats())
         except Exception as exc:
             self._fault("stats", None, exc)
+        if getattr(self, "_gate", None) is not None:
+            stats.update(self._gate.stats())
         return stats
 
     def _maybe_log_stats(self) -> None:
@@ -429,6 +526,8 @@ class SuffixWorker(NGRAMWorker):
 
     def _drop_session(self, rid: str) -> None:
         self._sessions.pop(rid, None)
+        if self._gate is not None:
+            self._gate.forget(rid)
         if rid not in self.drafter:
             return
         try:

@@ -147,7 +147,7 @@ class VerifyWidthBackends:
             built.append(width)
         if built:
             logger.info(
-                "SUFFIX adaptive: target verify graphs captured at widths %s besides the "
+                "SUFFIX: target verify graphs captured at widths %s besides the "
                 "startup width %d (%s)",
                 built,
                 self.startup_width,
@@ -166,6 +166,13 @@ class VerifyWidthBackends:
         if backend is None:
             backend = self._backends[width] = self._build(width)
         return backend
+
+    def graph_runner(self, width: int) -> Any:
+        """The target's verify graph runner at ``width`` (None: that width has none)."""
+        if width == self.startup_width:
+            return self.startup_graphs
+        state = self._graphs.get(width)
+        return None if state is None else state[1]
 
     def activate(self, width: int) -> None:
         """Make the target model runner verify ``width`` tokens per request (with that

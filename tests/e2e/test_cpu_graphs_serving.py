@@ -113,7 +113,7 @@ def suffix_graph_server(tiny_model_dir, start_module_server):
         str(WIDTH),
         "--cuda-graph-bs-decode",
         *map(str, CAPTURE_BS),
-        env={ENV: "1"},
+        env={ENV: "1", "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"},
     )
 
 
@@ -135,6 +135,30 @@ def test_suffix_verify_graphs_greedy_parity(tiny_baseline_server, suffix_graph_s
 
 def test_suffix_verify_graphs_concurrent_parity(tiny_baseline_server, suffix_graph_server, tok):
     _concurrent_parity(tiny_baseline_server, suffix_graph_server, tok, exact_sizes=False)
+
+
+def test_suffix_steps_without_drafts_replay_width_1_graphs(
+    tiny_baseline_server, suffix_graph_server, tok
+):
+    """Random-token prompts: steps where no request of the batch has a draft cannot run
+    as plain decode steps under graphs (a verify graph runs the step); fixed-width SUFFIX
+    captures width-1 verify graphs too and replays those (a decode-shaped forward)
+    instead of the width-8 ones, its relay padded back to width 8 (suffix_worker.py,
+    width_switch.py). Greedy output stays plain serving's."""
+    import random
+
+    from tests.e2e.spec_metrics import plain_step_counts
+
+    rng = random.Random(5)
+    prompts = [[rng.randrange(100, len(tok) - 1) for _ in range(40)] for _ in range(3)]
+    want = [_greedy(tiny_baseline_server, ids) for ids in prompts]
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        assert list(pool.map(lambda ids: _greedy(suffix_graph_server, ids), prompts)) == want
+    log = _log(suffix_graph_server)
+    assert "SUFFIX: target verify graphs captured at widths [1] besides the startup width 8" in log
+    counts = plain_step_counts(log)
+    print(f"\nSUFFIX under CPU graphs, random tokens: plain-step counters {counts}")
+    assert counts.get("narrow_graph", 0) >= 1, counts
 
 
 def test_adaptive_suffix_under_graphs_parity(

@@ -29,6 +29,7 @@ import pytest
 import requests
 
 from sglang_spec_ext.sglang.cpu_overlap import ENV, LOOP_MESSAGE, TRACE_MESSAGE, parse_trace
+from sglang_spec_ext.sglang.suffix_worker import STATS_LOG_MARK as DRAFTER_STATS
 from tests.e2e.spec_metrics import accept_length, plain_step_counts
 from tests.e2e.test_suffix_serving import CODE, PROMPTS
 
@@ -54,6 +55,14 @@ def _adaptive_suffix(model: Path, tmp) -> tuple[tuple[str, ...], dict[str, str]]
     return _suffix(model, tmp)[0], ADAPTIVE_ENV
 
 
+def _gated_suffix(model: Path, tmp) -> tuple[tuple[str, ...], dict[str, str]]:
+    # The draft gate (suffix/gate.py) with a verify priced at one expected token per
+    # request until timed: steps go plain or verify by the drafts' calibrated worth.
+    return _suffix(model, tmp)[0], {"SGLANG_SPEC_EXT_DRAFT_GATE": "1",
+                                    "SGLANG_SPEC_EXT_DRAFT_GATE_COST": "1",
+                                    "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}  # fmt: skip
+
+
 def _ngram(_model: Path, _tmp) -> tuple[tuple[str, ...], dict[str, str]]:
     return ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"), {}
 
@@ -69,6 +78,7 @@ def _eagle3(model: Path, tmp) -> tuple[tuple[str, ...], dict[str, str]]:
 SERVED = {
     "SUFFIX": _suffix,
     "SUFFIX-adaptive": _adaptive_suffix,
+    "SUFFIX-gated": _gated_suffix,
     "NGRAM": _ngram,
     "EAGLE3": _eagle3,
 }
@@ -204,6 +214,29 @@ def test_greedy_parity_under_overlap_with_concurrency_and_abort(overlap_server, 
     accs = [accept_length(g["meta_info"]) for g in got]
     print(f"\n{name} under CPU overlap: accept lengths {[round(a, 2) for a in accs]}")
     assert max(accs) > 1.0, f"{name}: no draft token was ever accepted"
+    assert server.healthy()
+
+
+def test_gated_suffix_runs_weak_steps_plain_under_overlap(overlap_server, tok):
+    """SUFFIX-gated only: sampled requests on random tokens give the drafter short,
+    spurious matches; the gate runs those steps plain (its counters in the drafter stats
+    line), and every request still gets its tokens through the relay."""
+    import random
+
+    name, server = overlap_server
+    if name != "SUFFIX-gated":
+        return
+    rng = random.Random(11)
+    prompts = [[rng.randrange(100, len(tok) - 1) for _ in range(48)] for _ in range(4)]
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        outs = list(pool.map(lambda ids: server.generate(
+            input_ids=ids, max_new_tokens=NEW_TOKENS, temperature=1.0, ignore_eos=True), prompts))  # fmt: skip
+    assert all(o["meta_info"]["completion_tokens"] == NEW_TOKENS for o in outs)
+    log = server.log_path.read_text()
+    stats = [ln.split(DRAFTER_STATS, 1)[1] for ln in log.splitlines() if DRAFTER_STATS in ln]
+    gate = {k: v for k, v in json.loads(stats[-1]).items() if k.startswith("gate_")}
+    print(f"\n{name} draft gate: {gate}")
+    assert gate["gate_steps_plain"] >= 1 and gate["gate_steps_verified"] >= 1, gate
     assert server.healthy()
 
 

@@ -88,3 +88,17 @@ def test_plain_steps_off_leaves_the_host_verify_alone():
     assert "CHAIN ['sglang_spec_ext.sglang.metrics._after_verify']" in out.stdout, (
         out.stdout + out.stderr
     )
+
+
+def test_stats_line_counts_plain_host_and_narrow_steps():
+    from sglang_spec_ext.sglang.plain_step import PlainStepStats
+
+    stats = PlainStepStats(log_interval_s=3600)
+    stats.count(True)
+    stats.count(False, "graph")
+    stats.count(False, narrow=True)
+    stats.count(False, narrow=True)
+    assert dict(kv.split("=") for kv in stats.line().split()) == {
+        "plain": "1", "host_graph": "1", "narrow_graph": "2"}  # fmt: skip
+    stats.reset()
+    assert stats.line() == "plain=0"

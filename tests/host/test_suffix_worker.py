@@ -143,3 +143,52 @@ def test_external_corpus_calls_reach_the_drafter(worker):
     with pytest.raises(ValueError, match="no external corpus"):
         worker.remove_external_corpus("c")
     assert worker.list_external_corpora() == {}
+
+
+def test_draft_gate_turns_weak_steps_plain_and_learns_from_them(worker, monkeypatch):
+    """SGLANG_SPEC_EXT_DRAFT_GATE=1 (suffix/gate.py) on the real worker's drafting: with
+    a verify priced far above what the drafts are expected to gain, the step goes out
+    with roots only (a plain step); the gated draft is walked over the tokens the request
+    commits next, and a departed request leaves no gate state behind."""
+    monkeypatch.setenv("SGLANG_SPEC_EXT_DRAFT_GATE", "1")
+    monkeypatch.setenv("SGLANG_SPEC_EXT_DRAFT_GATE_COST", "100")
+    worker._init_drafter()
+    gate = worker._gate
+    assert gate is not None
+    a = _req("a", [11, 12, 13, 14, 15] * 3)
+    a.output_ids.extend([11, 12])
+    tokens, _ = worker._prepare_draft_tokens(_batch([a]))
+    assert tokens[0] == 12 and not tokens[1:].any() and worker._step_empty
+    assert gate.stats()["gate_steps_plain"] == 1 and gate.stats()["gate_walks"] == 1
+    a.output_ids.extend([13])  # the plain step's token: the walk goes on
+    worker._prepare_draft_tokens(_batch([a]))
+    a.output_ids.extend([99])  # off the draft: the walk ends with one accepted token
+    worker._prepare_draft_tokens(_batch([a]))
+    assert sum(seen for seen, _ in gate._acc.values()) >= 1
+    worker.ngram_corpus.erase_match_state(["a"])
+    assert not gate._walks and not gate._verified
+    assert worker.drafter_stats()["gate_steps_plain"] >= 1
+
+
+def test_draft_gate_lets_drafts_through_where_verifying_costs_nothing(worker, monkeypatch):
+    monkeypatch.setenv("SGLANG_SPEC_EXT_DRAFT_GATE", "1")
+    monkeypatch.setenv("SGLANG_SPEC_EXT_DRAFT_GATE_COST", "0")
+    worker._init_drafter()
+    a = _req("a", [11, 12, 13, 14, 15] * 3)
+    a.output_ids.extend([11, 12])
+    tokens, _ = worker._prepare_draft_tokens(_batch([a]))
+    assert list(tokens[1:4]) == [13, 14, 15] and not worker._step_empty
+    assert worker._gate.stats()["gate_steps_verified"] == 1
+
+
+def test_draft_gate_is_off_by_default_and_under_the_controller(worker, monkeypatch):
+    from sglang_spec_ext.sglang.adaptive_worker import AdaptiveSuffixWorker
+
+    assert worker._gate is None
+    monkeypatch.setenv("SGLANG_SPEC_EXT_DRAFT_GATE", "1")
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
+    w = object.__new__(AdaptiveSuffixWorker)
+    w.draft_token_num = WIDTH
+    w.enable_overlap = False
+    w._init_drafter()
+    assert w._gate is None

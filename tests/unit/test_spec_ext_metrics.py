@@ -116,6 +116,10 @@ def test_drafter_series_equal_the_stats_line(on):
     assert get("sglang:spec_ext_draft_faults_total", {**L, "stage": "pack"}) == 1
     m.publish_drafter({**stats, "sessions": 0}, None)
     assert get("sglang:spec_ext_drafter_sessions", L) == 0
+    assert get("sglang:spec_ext_draft_gate_steps_total", {**L, "decision": "plain"}) is None
+    m.publish_drafter({**stats, "gate_steps_verified": 7, "gate_steps_plain": 3}, None)
+    assert get("sglang:spec_ext_draft_gate_steps_total", {**L, "decision": "verify"}) == 7
+    assert get("sglang:spec_ext_draft_gate_steps_total", {**L, "decision": "plain"}) == 3
 
 
 def test_hybrid_and_repair_counters(on):

@@ -1,0 +1,246 @@
+"""The draft gate: a SUFFIX step verifies only where its drafts pay for the wider verify.
+
+Engine-agnostic (no SGLang, no torch). A fixed-width SUFFIX step verifies ``W`` tokens
+per request as soon as one request of the batch has a draft, so a batch of weak drafts
+(short matches on text the trees have never seen: random tokens, sampled chat) pays the
+wide verify for almost nothing. The gate decides per step, before verifying:
+
+    verify  iff  sum_i E_i  >  bs * r
+
+``E_i``: request ``i``'s expected accepted draft tokens, its draft's raw score
+calibrated online per (match length, raw score) cell, each cell's prior the raw score
+scaled by what its match-length bucket accepted per unit of raw score (so one bucket's
+evidence calibrates its cells before they have their own); ``r``: the verify step's
+extra cost over a plain decode step at this batch size, ``t_verify / t_plain - 1``,
+from measured step times (the nearest batch-size tier's where this one has too few,
+a prior until any tier has both kinds of step). That is the goodput
+rule: a verify step commits ``bs + sum E`` tokens in ``t_verify``, a plain step ``bs``
+in ``t_plain``. A step the gate closes runs as a plain decode step where the host
+path allows one (``sglang/plain_step.py``); where it does not (a CUDA graph of the
+verify width runs the step anyway), the measured ``r`` falls towards 0 and the gate
+opens by itself.
+
+Acceptance is learned from every draft, verified or not: a verified draft's accepted
+count is the tokens its request committed at that step minus the bonus token; a gated
+draft is walked against the tokens its request commits over the next steps (exact for
+greedy decoding, the same observation a verify would have made with sampling). One
+walk per request at a time, so the cost stays one dictionary step per committed token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from .draft import DraftTree
+
+#: Match-length buckets' upper bounds (the last bucket is open).
+MATCH_EDGES = (1, 2, 3, 5, 8, 12, 16, 24, 32)
+#: Raw-score bins: width in expected tokens, and the number of bins (the last is open).
+SCORE_BIN = 0.5
+SCORE_BINS = 16
+#: Batch-size tiers of the step-time estimates: bs in (2**(i-1), 2**i].
+MAX_TIER = 12
+
+
+def match_bucket(match_len: int) -> int:
+    for i, edge in enumerate(MATCH_EDGES):
+        if match_len <= edge:
+            return i
+    return len(MATCH_EDGES)
+
+
+def score_bin(score: float) -> int:
+    return min(int(max(score, 0.0) / SCORE_BIN), SCORE_BINS - 1)
+
+
+def bs_tier(bs: int) -> int:
+    return min(max(0, math.ceil(math.log2(max(bs, 1)))), MAX_TIER)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """cost_prior: the verify step's extra cost over a plain step (``r``) assumed at a
+        batch size until both kinds of step were timed there.
+    prior_weight: pseudo-observations of the drafter's own score in each cell.
+    min_timings: steps of each kind timed at a batch size before its measured ``r``
+        replaces the prior.
+    ema: weight of a new step time in the per-tier averages.
+    """
+
+    cost_prior: float = 0.1
+    prior_weight: float = 4.0
+    min_timings: int = 4
+    ema: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.cost_prior <= 100.0:
+            raise ValueError(f"cost_prior={self.cost_prior!r} is invalid: expected [0, 100]")
+        if not self.prior_weight > 0:
+            raise ValueError(f"prior_weight={self.prior_weight!r} is invalid: expected > 0")
+        if not (isinstance(self.min_timings, int) and self.min_timings >= 1):
+            raise ValueError(f"min_timings={self.min_timings!r} is invalid: expected int >= 1")
+        if not 0.0 < self.ema <= 1.0:
+            raise ValueError(f"ema={self.ema!r} is invalid: expected (0, 1]")
+
+
+@dataclass
+class _Walk:
+    """A gated draft walked against the tokens its request commits next."""
+
+    cell: tuple[int, int]
+    raw: float
+    children: dict[tuple[int, int], int]  # (parent node, token) -> node
+    leaves: frozenset[int]
+    node: int = -1
+    depth: int = 0
+
+
+@dataclass
+class _Timing:
+    n: int = 0
+    mean: float = 0.0
+
+    def add(self, seconds: float, ema: float) -> None:
+        self.n += 1
+        self.mean = seconds if self.n == 1 else (1 - ema) * self.mean + ema * seconds
+
+
+@dataclass
+class DraftGate:
+    """Per-step verify-or-plain decision for fixed-width SUFFIX (see the module doc)."""
+
+    config: GateConfig = field(default_factory=GateConfig)
+    _acc: dict[tuple[int, int], list[float]] = field(default_factory=dict, repr=False)
+    _bucket: dict[int, list[float]] = field(default_factory=dict, repr=False)
+    _verified: dict[Hashable, tuple[tuple[int, int], int, float]] = field(default_factory=dict)
+    _walks: dict[Hashable, _Walk] = field(default_factory=dict, repr=False)
+    _times: dict[tuple[int, bool], _Timing] = field(default_factory=dict, repr=False)
+    steps_verified: int = 0
+    steps_gated: int = 0
+
+    # -- acceptance -----------------------------------------------------------
+    def expected(self, tree: DraftTree) -> float:
+        """Calibrated expected accepted tokens of ``tree`` (0 for an empty draft)."""
+        if not len(tree):
+            return 0.0
+        cell = (match_bucket(tree.match_len), score_bin(tree.score))
+        w = self.config.prior_weight
+        raw = _raw(tree)
+        bucket = self._bucket.get(cell[0])
+        if bucket is not None:  # accepted per unit of raw score in this bucket
+            raw *= (bucket[1] + w) / (bucket[0] + w)
+        seen = self._acc.get(cell)
+        if seen is None:
+            return min(raw, float(len(tree)))
+        return min((seen[1] + w * raw) / (seen[0] + w), float(len(tree)))
+
+    def _observe(self, cell: tuple[int, int], raw: float, accepted: int) -> None:
+        seen = self._acc.setdefault(cell, [0.0, 0.0])
+        seen[0] += 1.0
+        seen[1] += accepted
+        bucket = self._bucket.setdefault(cell[0], [0.0, 0.0])
+        bucket[0] += raw
+        bucket[1] += accepted
+
+    def on_committed(self, rid: Hashable, tokens: Sequence[int]) -> None:
+        """Tokens ``rid`` committed since its last draft (a step's accepted tokens and
+        bonus; the prefix of several steps' for a gated draft's walk)."""
+        if not tokens:
+            return
+        verified = self._verified.pop(rid, None)
+        if verified is not None:
+            cell, size, raw = verified
+            self._observe(cell, raw, max(0, min(len(tokens) - 1, size)))
+        walk = self._walks.get(rid)
+        if walk is None:
+            return
+        for token in tokens:
+            nxt = walk.children.get((walk.node, int(token)))
+            if nxt is None:
+                break
+            walk.node, walk.depth = nxt, walk.depth + 1
+            if nxt in walk.leaves:
+                break
+        else:
+            return  # still on a draft path: more tokens decide
+        del self._walks[rid]
+        self._observe(walk.cell, walk.raw, walk.depth)
+
+    def forget(self, rid: Hashable) -> None:
+        self._verified.pop(rid, None)
+        self._walks.pop(rid, None)
+
+    # -- the decision -----------------------------------------------------------
+    def extra_cost(self, bs: int) -> float:
+        """``r`` at ``bs``: measured at its tier, else at the nearest tier where both kinds
+        of step were timed (the smaller one on a tie), else the prior."""
+        tier = bs_tier(bs)
+        measured = [t for t in range(MAX_TIER + 1) if self._measured(t) is not None]
+        if not measured:
+            return self.config.cost_prior
+        nearest = min(measured, key=lambda t: (abs(t - tier), t))
+        return self._measured(nearest)
+
+    def _measured(self, tier: int) -> float | None:
+        plain, verify = self._times.get((tier, False)), self._times.get((tier, True))
+        need = self.config.min_timings
+        if plain is None or verify is None or plain.n < need or verify.n < need:
+            return None
+        if plain.mean <= 0:
+            return None
+        return max(0.0, verify.mean / plain.mean - 1.0)
+
+    def decide(self, rids: Sequence[Hashable], trees: Sequence[DraftTree]) -> bool:
+        """Whether this step verifies ``trees`` (True) or runs plain (False); records
+        every draft for the acceptance tables either way."""
+        expected = [self.expected(t) for t in trees]
+        total = sum(expected)
+        verify = total > 0 and total > len(trees) * self.extra_cost(len(trees))
+        for rid, tree in zip(rids, trees, strict=True):
+            self._verified.pop(rid, None)
+            if not len(tree):
+                continue
+            cell = (match_bucket(tree.match_len), score_bin(tree.score))
+            if verify:
+                self._verified[rid] = (cell, len(tree), _raw(tree))
+            elif rid not in self._walks:
+                self._walks[rid] = _walk(cell, tree)
+        if total > 0:
+            if verify:
+                self.steps_verified += 1
+            else:
+                self.steps_gated += 1
+        return verify
+
+    def on_step_time(self, bs: int, verified: bool, seconds: float) -> None:
+        """Wall time of one decode step of ``bs`` requests, verified or plain."""
+        if seconds > 0 and math.isfinite(seconds):
+            key = (bs_tier(bs), bool(verified))
+            self._times.setdefault(key, _Timing()).add(seconds, self.config.ema)
+
+    def stats(self) -> dict[str, object]:
+        """Counters and the per-tier extra cost in force (for the stats line)."""
+        tiers = sorted({t for t, _ in self._times})
+        return {
+            "gate_steps_verified": self.steps_verified,
+            "gate_steps_plain": self.steps_gated,
+            "gate_extra_cost": {f"bs<={2**t}": round(self.extra_cost(2**t), 3) for t in tiers},
+            "gate_walks": len(self._walks),
+        }
+
+
+def _raw(tree: DraftTree) -> float:
+    """The drafter's own expected accepted tokens (its path probabilities' sum)."""
+    return min(max(float(tree.score), 0.0), float(len(tree)))
+
+
+def _walk(cell: tuple[int, int], tree: DraftTree) -> _Walk:
+    children: dict[tuple[int, int], int] = {}
+    has_child = set()
+    for i, (token, parent) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
+        children.setdefault((parent, int(token)), i)  # the first such child, as a verifier
+        has_child.add(parent)
+    leaves = frozenset(i for i in range(len(tree)) if i not in has_child)
+    return _Walk(cell=cell, raw=_raw(tree), children=children, leaves=leaves)
