@@ -268,8 +268,8 @@ class SuffixWorker(WidthSwitchMixin, NGRAMWorker):
         except Exception as exc:  # an optimisation: serve without it, say so
             logger.warning(
                 "SUFFIX: could not capture width-1 verify graphs (%s); steps with no draft "
-                "replay the width-%d verify graphs. SGLANG_SPEC_EXT_PLAIN_STEPS=0 silences "
-                "this.",
+                "run the plain decode forward eagerly (the width-%d verify graphs refuse a "
+                "decode batch). SGLANG_SPEC_EXT_PLAIN_STEPS=0 silences this.",
                 exc,
                 self.max_width,
             )
