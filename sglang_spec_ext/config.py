@@ -131,7 +131,7 @@ class PluginConfig:
     cpu_fallbacks: bool = True
     host_fixes: bool = True
     plain_steps: bool = True
-    draft_gate: bool = False
+    draft_gate: bool = True
     draft_gate_cost: float = 0.1
     draft_kv_repair: bool = False
     draft_kv_repair_max_tokens: int = 8192

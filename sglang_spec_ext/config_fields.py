@@ -139,7 +139,7 @@ FIELDS: tuple[Field, ...] = (
     Field(
         "draft_gate",
         bool,
-        False,
+        True,
         "fixed-width SUFFIX: verify a step only where the batch's calibrated expected accepted "
         "draft tokens outweigh the verify's measured extra cost over a plain step; otherwise "
         "run it plain (sglang_spec_ext/suffix/gate.py). Not with SGLANG_SPEC_EXT_ADAPTIVE=1, "

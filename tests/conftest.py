@@ -15,9 +15,17 @@ modules import in this process.
 
 from __future__ import annotations
 
+import os
+
 from sglang_spec_ext.sglang import cpu_placeholders
 
 cpu_placeholders.install()
+
+# SUFFIX's draft gate is on by default and decides verify or plain from measured step
+# times, so step counts vary from run to run. Tests count steps: it is off in this process
+# (workers built in-process, servers the benchmark tools start) unless a test turns it on;
+# tests/harness/server.py does the same for the e2e servers, and the soak test removes it.
+os.environ.setdefault("SGLANG_SPEC_EXT_DRAFT_GATE", "0")
 
 # A skip for a reason other than a documented optional peer fails the run.
 from tests.harness.skip_policy import (  # noqa: E402, F401
@@ -43,8 +51,6 @@ def pytest_addoption(parser) -> None:
 
 
 def pytest_configure(config) -> None:
-    import os
-
     # read by tests/harness/server.py in this process (servers are started from here)
     os.environ["SPEC_EXT_TEST_GPU_PATH"] = config.getoption("--gpu-path")
 

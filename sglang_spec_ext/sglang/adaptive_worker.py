@@ -78,12 +78,13 @@ class AdaptiveSuffixWorker(SuffixWorker):
 
     def _init_drafter(self) -> None:
         super()._init_drafter()
-        if self._gate is not None:
+        config = plugin_config()
+        if config.draft_gate and config.sources.get("draft_gate") != "default":
             logger.warning(
                 "SGLANG_SPEC_EXT_DRAFT_GATE=1 is ignored with SGLANG_SPEC_EXT_ADAPTIVE=1: the "
                 "controller chooses the verify width (width 1 is a plain step)"
             )
-            self._gate = None
+        self._gate = None
         self.controller = AdaptiveController(adaptive_config_for(self.max_width))
         self._pending: tuple | None = None  # (bs, k, accept_lens, rids, t_start)
         self._widths_used: Counter[int] = Counter()

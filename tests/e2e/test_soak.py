@@ -1,7 +1,7 @@
 """The soak harness's short mode (benchmarks/soak.py) as CI runs it: the real CPU server
 with SUFFIX at width 16 on the GPU default path's emulation (overlap scheduling and graph
 runners, ``--gpu-path both``) against a plain server, a mixed load at concurrency 16 with
-prompts at the context limit, disconnecting clients, invalid and guarded requests,
+prompts at the context limit, SUFFIX's defaults (the draft gate on), disconnecting clients, invalid and guarded requests,
 tenants (salted and unsalted) and external-corpus operations.
 The long mode (thousands of requests, three algorithms) is for people: README."""
 
@@ -14,7 +14,9 @@ from pathlib import Path
 SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
 
 
-def test_soak_short_mode(tmp_path, capsys):
+def test_soak_short_mode(tmp_path, capsys, monkeypatch):
+    # the product's defaults (the test bed turns SUFFIX's draft gate off for step counts)
+    monkeypatch.delenv("SGLANG_SPEC_EXT_DRAFT_GATE", raising=False)
     spec = importlib.util.spec_from_file_location("soak_script", SOAK)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -44,6 +46,9 @@ def test_soak_short_mode(tmp_path, capsys):
     )
     # The drafter reports its statistics and stays within its bound.
     assert run["drafter_stats"] is not None and run["drafter_within_bound"] is True
+    # the draft gate (on by default) decided steps with drafts
+    gate = run["drafter_stats"]
+    assert gate.get("gate_steps_verified", 0) + gate.get("gate_steps_plain", 0) > 0, gate
     assert (
         0
         < run["drafter_peak"]["cached_tokens"]

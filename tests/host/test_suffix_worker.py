@@ -181,14 +181,32 @@ def test_draft_gate_lets_drafts_through_where_verifying_costs_nothing(worker, mo
     assert worker._gate.stats()["gate_steps_verified"] == 1
 
 
-def test_draft_gate_is_off_by_default_and_under_the_controller(worker, monkeypatch):
+def test_draft_gate_is_on_by_default_and_off_under_the_controller(worker, monkeypatch, caplog):
+    """The product default is the gate on (the test bed turns it off elsewhere:
+    tests/conftest.py); the controller picks widths itself, so an adaptive worker drops
+    the gate, and warns only where SGLANG_SPEC_EXT_DRAFT_GATE=1 was asked for."""
     from sglang_spec_ext.sglang.adaptive_worker import AdaptiveSuffixWorker
 
+    monkeypatch.delenv("SGLANG_SPEC_EXT_DRAFT_GATE", raising=False)
+    worker._init_drafter()
+    assert worker._gate is not None
+    monkeypatch.setenv("SGLANG_SPEC_EXT_DRAFT_GATE", "0")
+    worker._init_drafter()
     assert worker._gate is None
-    monkeypatch.setenv("SGLANG_SPEC_EXT_DRAFT_GATE", "1")
+
+    def adaptive_worker() -> AdaptiveSuffixWorker:
+        w = object.__new__(AdaptiveSuffixWorker)
+        w.draft_token_num = WIDTH
+        w.enable_overlap = False
+        w._init_drafter()
+        return w
+
     monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
-    w = object.__new__(AdaptiveSuffixWorker)
-    w.draft_token_num = WIDTH
-    w.enable_overlap = False
-    w._init_drafter()
-    assert w._gate is None
+    monkeypatch.delenv("SGLANG_SPEC_EXT_DRAFT_GATE", raising=False)
+    with caplog.at_level("WARNING", logger="sglang_spec_ext"):
+        assert adaptive_worker()._gate is None
+    assert "DRAFT_GATE=1 is ignored" not in caplog.text
+    monkeypatch.setenv("SGLANG_SPEC_EXT_DRAFT_GATE", "1")
+    with caplog.at_level("WARNING", logger="sglang_spec_ext"):
+        assert adaptive_worker()._gate is None
+    assert "DRAFT_GATE=1 is ignored" in caplog.text

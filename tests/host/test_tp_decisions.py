@@ -14,7 +14,8 @@ the test with an error instead of hanging it. Covered:
   run the first rank's;
 * HYBRID's choice and suffix rows when one rank's suffix drafting raises;
 * SUFFIX drafts when the first rank's drafting raises (every rank plain-decodes the step),
-  and whether a step has no draft at all (a plain decode step): the first rank's call;
+  and whether a step has no draft at all (a plain decode step), the draft gate's
+  verify-or-plain call included: the first rank's call;
 * the draft-KV repair when one rank cannot prepare it (no rank runs the forward).
 """
 
@@ -204,11 +205,17 @@ def _suffix_rank(rank: int, group) -> dict:
         )  # fmt: skip
         for i in range(2)
     ]
-    w = object.__new__(SuffixWorker)
-    w.draft_token_num = 4
-    w.enable_overlap = False
-    w._init_drafter()
-    w._tp_sync = TpSync(group, src=0)
+
+    def worker() -> SuffixWorker:
+        w = object.__new__(SuffixWorker)
+        w.draft_token_num = 4
+        w.enable_overlap = False
+        w._init_drafter()
+        w._tp_sync = TpSync(group, src=0)
+        return w
+
+    os.environ["SGLANG_SPEC_EXT_DRAFT_GATE"] = "0"  # the gate's part is below
+    w = worker()
     out = {}
     real_local = w._local_drafts
     for failing in (1, 0):  # first rank 1's drafting fails, then rank 0's
@@ -237,6 +244,17 @@ def _suffix_rank(rank: int, group) -> dict:
     tokens, mask = w._local_drafts(Batch(reqs))
     out["own"] = [tokens.tolist(), mask.astype(int).tolist()]
     out["faults"] = dict(w._faults)
+
+    # The draft gate (suffix/gate.py) decides on each rank from that rank's own measured
+    # verify cost; here one rank prices the verify at 0 (verify) and the other at 100
+    # (plain). Every rank runs the first rank's call.
+    os.environ["SGLANG_SPEC_EXT_DRAFT_GATE"] = "1"
+    for verify_rank in (0, 1):
+        os.environ["SGLANG_SPEC_EXT_DRAFT_GATE_COST"] = "0" if rank == verify_rank else "100"
+        g = worker()
+        tokens, _mask = g._prepare_draft_tokens(Batch(reqs))
+        out[f"gate_verifies_on_rank{verify_rank}"] = [tokens.tolist(), g._step_empty]
+        out[f"gate_stats_rank{verify_rank}_verifies"] = g._gate.stats()
     return out
 
 
@@ -258,6 +276,13 @@ def test_suffix_fault_on_either_rank_never_skips_the_broadcast(tmp_path):
     assert r0["rank1_fails_empty"] is r1["rank1_fails_empty"] is False
     assert r0["rank0_fails_empty"] is r1["rank0_fails_empty"] is True
     assert r0["rank1_empty"] == r1["rank1_empty"] == [r0["own"][0], False]
+    # the draft gate: each rank decided locally (its own counters), rank 0's call ran
+    assert r0["gate_verifies_on_rank0"] == r1["gate_verifies_on_rank0"] == [r0["own"][0], False]
+    assert r0["gate_stats_rank0_verifies"]["gate_steps_verified"] == 1
+    assert r1["gate_stats_rank0_verifies"]["gate_steps_plain"] == 1
+    assert r0["gate_verifies_on_rank1"] == r1["gate_verifies_on_rank1"]
+    assert r0["gate_verifies_on_rank1"][1] is True  # plain on both ranks
+    assert r0["gate_verifies_on_rank1"][0] == tokens  # roots only, as a plain step
 
 
 # -- the draft-KV repair: one rank cannot prepare it ----------------------------------
