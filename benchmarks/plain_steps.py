@@ -12,9 +12,13 @@ machine fall on every server alike):
 * ``zero, plain steps``: the same pinned server with plain decode steps (the default)
   and the draft-KV repair (``SGLANG_SPEC_EXT_DRAFT_KV_REPAIR=1``: no draft forward at zero
   steps, the prefill's draft extend included);
+* ``zero, overlap``: the same with the host's overlap scheduling kept on
+  (``SGLANG_SPEC_EXT_CPU_OVERLAP=1``, the GPU default path's scheduling), as the plain
+  server runs;
 * ``controller``: our goodput controller, steps 0..3, plain steps and the repair;
-* ``SUFFIX`` (width 8) with and without plain steps, and with the draft gate
-  (``SGLANG_SPEC_EXT_DRAFT_GATE=1``, ``sglang_spec_ext/suffix/gate.py``), on a workload where the drafter
+* ``SUFFIX`` (width 8) with and without plain steps (both with the draft gate off,
+  ``SGLANG_SPEC_EXT_DRAFT_GATE=0``), and with the defaults: plain steps and the draft gate
+  (``sglang_spec_ext/suffix/gate.py``), on a workload where the drafter
   finds almost nothing (random-token prompts, sampled at temperature 1: greedy output on
   random tokens loops, which suffix drafts catch) and on the committed chat set (greedy;
   fresh prompts every round, so repeats do not turn it into a cache-hit test);
@@ -29,7 +33,7 @@ tokens per wall-clock second, summed over the rounds; greedy outputs are compare
 the plain server's; the verify steps (``spec_verify_ct``) give the accept length.
 
     .venv/bin/python benchmarks/plain_steps.py [--rounds 2] [--max-new-tokens 64]
-        [--suffix-only | --model-drafts-only]
+        [--suffix-only | --model-drafts-only | --paired]
 """
 
 from __future__ import annotations
@@ -108,15 +112,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-drafts-only", action="store_true",
                     help="only plain, pinned at zero steps (plain steps) and the controller on "
                     "the mixed workload")  # fmt: skip
+    ap.add_argument("--paired", action="store_true",
+                    help="only plain and pinned at zero steps (plain steps) on the mixed "
+                    "workload, back to back in ABBA order per level and round (drifts of a "
+                    "noisy machine cancel within each quartet)")  # fmt: skip
     args = ap.parse_args(argv)
-    if args.suffix_only and args.model_drafts_only:
-        raise SystemExit("--suffix-only and --model-drafts-only exclude each other")
+    if args.suffix_only + args.model_drafts_only + args.paired > 1:
+        raise SystemExit("--suffix-only, --model-drafts-only and --paired exclude each other")
     if args.json is None:
         name = "plain_steps.json"
         if args.suffix_only:
             name = "plain_steps_suffix.json"
         elif args.model_drafts_only:
             name = "plain_steps_model_drafts.json"
+        elif args.paired:
+            name = "plain_steps_paired.json"
         args.json = str(REPO / "benchmarks/results" / name)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -154,16 +164,18 @@ def main(argv: list[str] | None = None) -> int:
         "plain, no overlap": (["--disable-overlap-schedule"], {}),
         "zero, host path": (draft, {**PINNED, **HOST_PATH}),
         "zero, plain steps": (draft, {**PINNED, **REPAIR}),
+        "zero, overlap": (draft, {**PINNED, **REPAIR, "SGLANG_SPEC_EXT_CPU_OVERLAP": "1"}),
         "controller": (draft, {"SGLANG_SPEC_EXT_ADAPTIVE": "1", **REPAIR}),
         "SUFFIX, host path": (suffix, {"SGLANG_SPEC_EXT_PLAIN_STEPS": "0"}),
-        "SUFFIX, plain steps": (suffix, {}),
-        "SUFFIX, gate": (suffix, {"SGLANG_SPEC_EXT_DRAFT_GATE": "1"}),
+        "SUFFIX, plain steps": (suffix, {"SGLANG_SPEC_EXT_DRAFT_GATE": "0"}),
+        "SUFFIX, gate": (suffix, {}),  # the default
     }
     model_servers = [
         "plain",
         "plain, no overlap",
         "zero, host path",
         "zero, plain steps",
+        "zero, overlap",
         "controller",
     ]
     suffix_servers = ["plain", "plain, no overlap", "SUFFIX, host path", "SUFFIX, plain steps",
@@ -176,8 +188,18 @@ def main(argv: list[str] | None = None) -> int:
         model_servers = [n for n in model_servers if n != "zero, host path"]
         suffix_servers = []
         configs = {n: configs[n] for n in model_servers}
+    if args.paired:
+        model_servers, suffix_servers = ["plain", "zero, plain steps"], []
+        configs = {n: configs[n] for n in model_servers}
     jobs = [(n, "mixed", c) for n in model_servers for c in LEVELS]
     jobs += [(n, wl, spec[1]) for n in suffix_servers for wl, spec in suffix_sets.items()]
+    jobs_of_round = lambda rnd: jobs  # noqa: E731
+    if args.paired:
+
+        def jobs_of_round(rnd: int) -> list[tuple]:
+            a, b = model_servers if rnd % 2 == 0 else model_servers[::-1]
+            return [(n, "mixed", c) for c in LEVELS for n in (a, b, b, a)]
+
     totals: dict[tuple, dict] = {}
     with ExitStack() as stack:
         servers = {}
@@ -186,9 +208,10 @@ def main(argv: list[str] | None = None) -> int:
             server.env.update({**env, "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "5"})
             servers[name] = stack.enter_context(server)
             run(servers[name], [pool[0][:8]], 4)  # warm-up
-        bar = tqdm(total=args.rounds * len(jobs), desc="rounds x jobs", file=sys.stderr)
+        total_jobs = sum(len(jobs_of_round(r)) for r in range(args.rounds))
+        bar = tqdm(total=total_jobs, desc="rounds x jobs", file=sys.stderr)
         for rnd in range(args.rounds):
-            for name, wl, c in jobs:
+            for name, wl, c in jobs_of_round(rnd):
                 temperature = 0.0
                 if wl == "mixed":
                     prompts = mixed[c]
@@ -216,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                "accept_length": round(acc["tokens"] / acc["steps"], 3) if acc["steps"] else None,
                "tokens": acc["tokens"], "wall_s": round(acc["wall_s"], 2)}  # fmt: skip
         for base_name in ("plain", "plain, no overlap"):
+            if (base_name, wl, c) not in totals:
+                continue
             base = totals[(base_name, wl, c)]
             key = "vs_plain" if base_name == "plain" else "vs_plain_no_overlap"
             row[key] = round(row["goodput_tok_s"] / (base["tokens"] / base["wall_s"]), 3)
@@ -251,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         same = {True: "yes", False: "NO", None: "sampled"}[r["identical_to_plain"]]
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] else "-"
         print(f"{r['server']:<22}{r['workload']:<9}{r['concurrency']:>4}{r['goodput_tok_s']:>8.1f}"
-              f"{r['vs_plain']:>9.3f}{r['vs_plain_no_overlap']:>9.3f}{acc:>8}{same:>11}")  # fmt: skip
+              f"{r['vs_plain']:>9.3f}{r.get('vs_plain_no_overlap', float('nan')):>9.3f}{acc:>8}"
+              f"{same:>11}")  # fmt: skip
     return 0 if all(r["identical_to_plain"] is not False for r in results) else 1
 
 

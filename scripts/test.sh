@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 "$@" tests
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=40 "$@" tests
