@@ -193,12 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         configs = {n: configs[n] for n in model_servers}
     jobs = [(n, "mixed", c) for n in model_servers for c in LEVELS]
     jobs += [(n, wl, spec[1]) for n in suffix_servers for wl, spec in suffix_sets.items()]
-    jobs_of_round = lambda rnd: jobs  # noqa: E731
-    if args.paired:
 
-        def jobs_of_round(rnd: int) -> list[tuple]:
-            a, b = model_servers if rnd % 2 == 0 else model_servers[::-1]
-            return [(n, "mixed", c) for c in LEVELS for n in (a, b, b, a)]
+    def jobs_of_round(rnd: int) -> list[tuple]:
+        if not args.paired:
+            return jobs
+        a, b = model_servers if rnd % 2 == 0 else model_servers[::-1]  # ABBA, then BAAB
+        return [(n, "mixed", c) for c in LEVELS for n in (a, b, b, a)]
 
     totals: dict[tuple, dict] = {}
     with ExitStack() as stack:

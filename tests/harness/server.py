@@ -35,8 +35,8 @@ def cpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SPEC_EXT_")}
     env = cpu_serving_env(env)
     # SUFFIX's draft gate (on by default) decides verify or plain from measured step
-    # times, so step counts vary between runs; tests count steps, and the gate's own
-    # tests (and the soak, which starts its servers itself) turn it on.
+    # times, so step counts vary between runs; tests count steps. The gate's own tests
+    # set it to 1; the soak starts its servers itself and runs the product default.
     env.setdefault("SGLANG_SPEC_EXT_DRAFT_GATE", "0")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
