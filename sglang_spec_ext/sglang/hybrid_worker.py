@@ -71,24 +71,37 @@ def draft_kind_from_architectures(architectures: list[str]) -> str:
     return "standalone"
 
 
-def draft_kind(draft_path: str | None, setting: str = "auto") -> str:
+def draft_kind(
+    draft_path: str | None,
+    setting: str = "auto",
+    *,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> str:
     """The model-draft path HYBRID runs: ``setting`` unless ``auto``, else detected from
-    the draft's ``config.json`` architectures (a directory); a hub id or unreadable
-    config counts as a plain causal LM (``standalone``)."""
+    the draft's architectures as the host resolves its config (``get_config`` of
+    ``sglang.srt.utils.hf_transformers``: a local directory, a hub id from the local
+    cache or the hub, a GGUF file, the ``revision`` given). A config the host cannot
+    resolve is an error that names the path and the override, not a guess: a hub id
+    taken for a plain causal LM would start an EAGLE head on the wrong host path."""
     if setting != "auto":
         if setting not in DRAFT_KINDS:
             raise ValueError(f"hybrid_draft={setting!r} is invalid: expected auto or {DRAFT_KINDS}")
         return setting
-    from pathlib import Path
-
     if not draft_path:
         return "standalone"
-    config = Path(draft_path) / "config.json"
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
     try:
-        architectures = json.loads(config.read_text()).get("architectures") or []
-    except (OSError, ValueError):
-        return "standalone"
-    return draft_kind_from_architectures(architectures)
+        config = get_config(draft_path, trust_remote_code=trust_remote_code, revision=revision)
+    except Exception as exc:  # the host's resolution raises OSError, ValueError, HF errors
+        raise ValueError(
+            f"HYBRID: cannot read the draft model's config for --speculative-draft-model-path "
+            f"{draft_path!r} ({type(exc).__name__}: {exc}); give a model directory or a hub "
+            "id this machine can resolve, or set SGLANG_SPEC_EXT_HYBRID_DRAFT="
+            f"{'|'.join(DRAFT_KINDS)} to skip the detection"
+        ) from exc
+    return draft_kind_from_architectures(list(getattr(config, "architectures", None) or []))
 
 
 class HybridMixin:

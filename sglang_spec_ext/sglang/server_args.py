@@ -119,7 +119,12 @@ def validate_server_args(args: Any) -> None:
         from sglang_spec_ext.sglang.hybrid_worker import draft_kind
 
         # Resolved once, here in the launcher; the scheduler processes inherit it.
-        kind = draft_kind(_get(args, "speculative_draft_model_path"), config.hybrid_draft)
+        kind = draft_kind(
+            _get(args, "speculative_draft_model_path"),
+            config.hybrid_draft,
+            revision=_get(args, "speculative_draft_model_revision"),
+            trust_remote_code=bool(_get(args, "trust_remote_code")),
+        )
         os.environ[HYBRID_KIND_ENV] = kind
         logger.info("HYBRID: the model draft runs as the host's %s draft", kind.upper())
 

@@ -166,19 +166,83 @@ def test_hybrid_bad_flags_are_rejected_with_the_flag_named(model_dir, flags, mes
         resolve_hybrid(model_dir, *extra, *flags)
 
 
-@pytest.mark.parametrize(
-    ("architectures", "kind"),
-    [(["LlamaForCausalLM"], "standalone"), (["LlamaForCausalLMEagle3"], "eagle3"),
-     (["LlamaForCausalLMEagle"], "eagle"), ([], "standalone")],
-)  # fmt: skip
-def test_hybrid_draft_kind_follows_the_draft_architecture(tmp_path, architectures, kind):
-    import json
+#: Draft configs by kind: the tiny target's own config under each architecture (EAGLE-2
+#: heads are ``LlamaForCausalLMEagle``, EAGLE3 heads ``LlamaForCausalLMEagle3`` in the host).
+DRAFT_ARCHITECTURES = {"standalone": "LlamaForCausalLM", "eagle": "LlamaForCausalLMEagle",
+                       "eagle3": "LlamaForCausalLMEagle3"}  # fmt: skip
 
+
+def _draft_config(model_dir, out_dir, architecture: str):
+    import json
+    from pathlib import Path
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config["architectures"] = [architecture] if architecture else []
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / "config.json").write_text(json.dumps(config))
+    return str(out_dir)
+
+
+@pytest.mark.parametrize("kind", [*DRAFT_ARCHITECTURES, "no architectures"])
+def test_hybrid_draft_kind_by_path_through_the_hosts_config(model_dir, tmp_path, kind):
     from sglang_spec_ext.sglang.hybrid_worker import draft_kind
 
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": architectures}))
-    assert draft_kind(str(tmp_path)) == kind
-    assert draft_kind(str(tmp_path), "eagle") == "eagle"  # the setting overrides detection
-    assert draft_kind("org/hub-id") == "standalone"
+    path = _draft_config(model_dir, tmp_path / "draft", DRAFT_ARCHITECTURES.get(kind, ""))
+    if kind in DRAFT_ARCHITECTURES:
+        assert draft_kind(path) == kind
+    else:  # the host's config resolution itself fails on it: say so, do not guess
+        with pytest.raises(ValueError, match="cannot read the draft model's config"):
+            draft_kind(path)
+    assert draft_kind(path, "eagle") == "eagle"  # the setting overrides detection
     with pytest.raises(ValueError, match="hybrid_draft"):
-        draft_kind(str(tmp_path), "medusa")
+        draft_kind(path, "medusa")
+
+
+#: Resolves hub ids in a fresh interpreter: the hub client reads its cache location and
+#: offline switch from the environment when it is imported.
+_BY_ID = """
+import json, sys
+from sglang_spec_ext.sglang.hybrid_worker import draft_kind
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = draft_kind(name, revision="main")
+    except ValueError as exc:
+        out[name] = "error: " + str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_hybrid_draft_kind_by_hub_id_from_the_hub_cache(model_dir, tmp_path):
+    """A hub id resolves the way the host resolves it (its ``get_config``: the hub cache
+    here, offline, laid out as the hub client writes it), so an EAGLE or EAGLE3 head
+    given by id runs on the host's EAGLE path; an id nothing can resolve is a clear
+    error naming the flag and the override, not a guess."""
+    import json
+    import subprocess
+    import sys
+
+    cache = tmp_path / "hub"
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    ids = {}
+    for kind, architecture in DRAFT_ARCHITECTURES.items():
+        repo = cache / f"models--spec-ext-test--{kind}-draft"
+        _draft_config(model_dir, repo / "snapshots" / revision, architecture)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(revision)
+        ids[f"spec-ext-test/{kind}-draft"] = kind
+    from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env
+
+    env = cpu_serving_env(extra={"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
+                                 "HF_HOME": str(tmp_path / "hf-home")})  # fmt: skip
+    missing = "spec-ext-test/not-in-the-cache"
+    run = subprocess.run(
+        [sys.executable, "-c", _BY_ID, *ids, missing],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert {name: got[name] for name in ids} == ids
+    assert got[missing].startswith("error: HYBRID: cannot read the draft model's config")
+    assert "--speculative-draft-model-path 'spec-ext-test/not-in-the-cache'" in got[missing]
+    assert "SGLANG_SPEC_EXT_HYBRID_DRAFT=standalone|eagle|eagle3" in got[missing]
