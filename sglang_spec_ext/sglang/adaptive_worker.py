@@ -75,6 +75,7 @@ class AdaptiveSuffixWorker(SuffixWorker):
     """``--speculative-algorithm SUFFIX`` with ``SGLANG_SPEC_EXT_ADAPTIVE=1``."""
 
     NARROW_EMPTY_STEPS = False  # width 1 is on the controller's ladder, with its graphs
+    USES_DRAFT_GATE = False  # the controller chooses the width; width 1 is a plain step
 
     def _init_drafter(self) -> None:
         super()._init_drafter()
@@ -84,7 +85,6 @@ class AdaptiveSuffixWorker(SuffixWorker):
                 "SGLANG_SPEC_EXT_DRAFT_GATE=1 is ignored with SGLANG_SPEC_EXT_ADAPTIVE=1: the "
                 "controller chooses the verify width (width 1 is a plain step)"
             )
-        self._gate = None
         self.controller = AdaptiveController(adaptive_config_for(self.max_width))
         self._pending: tuple | None = None  # (bs, k, accept_lens, rids, t_start)
         self._widths_used: Counter[int] = Counter()

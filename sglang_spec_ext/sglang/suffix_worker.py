@@ -129,6 +129,9 @@ class SuffixWorker(WidthSwitchMixin, NGRAMWorker):
     #: Capture width-1 target verify graphs at start-up for steps with no draft
     #: (adaptive SUFFIX captures every width of its ladder itself).
     NARROW_EMPTY_STEPS = True
+    #: Gate each step on the drafts' calibrated worth (suffix/gate.py) when the config
+    #: turns it on (adaptive SUFFIX does not: its controller chooses the width).
+    USES_DRAFT_GATE = True
 
     def __init__(
         self,
@@ -208,7 +211,7 @@ class SuffixWorker(WidthSwitchMixin, NGRAMWorker):
         # The draft gate (suffix/gate.py): fixed-width SUFFIX verifies only where it pays.
         self._gate = (
             DraftGate(GateConfig(cost_prior=config.draft_gate_cost))
-            if (config.draft_gate and config.plain_steps)
+            if (self.USES_DRAFT_GATE and config.draft_gate and config.plain_steps)
             else None
         )
         self._gate_step: tuple[int, bool, float] | None = None  # (bs, verified, start)
