@@ -54,11 +54,12 @@ reuses such a prefix inherits its holes, as with the host's flag alone).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -402,6 +403,24 @@ def _prepare_repair(draft_worker: Any, batch: Any, stale: list[int | None]) -> C
     )
 
 
+_REPAIRING = [False]  # a repair forward is running (see repairing())
+
+
+def repairing() -> bool:
+    """Whether the draft runner's forward running now is a repair forward, not a draft
+    step (HYBRID reads its draft steps' confidence from that forward's logits)."""
+    return _REPAIRING[0]
+
+
+@contextlib.contextmanager
+def _repair_forward() -> Iterator[None]:
+    _REPAIRING[0] = True
+    try:
+        yield
+    finally:
+        _REPAIRING[0] = False
+
+
 def _run_repair(
     draft_worker: Any,
     batch: Any,
@@ -416,7 +435,8 @@ def _run_repair(
 
     reqs = batch.reqs
     draft_input = batch.spec_info
-    logits = draft_worker.draft_runner.forward(forward_batch).logits_output.next_token_logits
+    with _repair_forward():
+        logits = draft_worker.draft_runner.forward(forward_batch).logits_output.next_token_logits
     use_rs = host.get_spec().speculative_use_rejection_sampling
     if use_rs or draft_worker.topk > 1:
         probs = host.renorm_draft_probs(logits, batch.sampling_info, use_rs)

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from sglang_spec_ext.hybrid import MODEL, SUFFIX, Candidate, HybridState, chain_score
+from sglang_spec_ext.sglang import draft_kv_repair
 from sglang_spec_ext.sglang import metrics as spec_metrics
 from sglang_spec_ext.sglang.server_args import plugin_config
 from sglang_spec_ext.sglang.tp_sync import tp_sync
@@ -135,7 +136,9 @@ class HybridMixin:
 
         def forward(forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
             out = runner_forward(forward_batch, *args, **kwargs)
-            if self._phase is not None:
+            # the draft-KV repair runs its forward before the draft steps, inside draft():
+            # its logits are not a draft step's
+            if self._phase is not None and not draft_kv_repair.repairing():
                 self._capture(out)
             return out
 

@@ -169,3 +169,69 @@ def test_the_controller_splits_a_repair_step_between_step_and_repair():
     ctl.observe_repair_step(4, 1, 0.030, 100, 4)  # 10 ms step + a 20 ms repair (10 predicted)
     assert ctl.repair_scale == pytest.approx(1.2)  # 2x the prior, 20% of the way
     assert steps == [pytest.approx(0.020)]  # the time beyond the predicted repair
+
+
+def _logits_runner(seen: list[bool], bs: int, vocab: int = 8):
+    """A draft runner stand-in (the real one needs a loaded draft model): returns fixed
+    logits and records, per forward, whether the repair said it was running."""
+
+    def forward(_forward_batch, *_a, **_k):
+        seen.append(dkr.repairing())
+        logits = torch.zeros(bs, vocab)
+        logits[:, 3] = 4.0
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits))
+
+    return SimpleNamespace(forward=forward)
+
+
+def test_the_repair_forward_says_it_is_a_repair(monkeypatch):
+    """HYBRID reads its draft steps' confidence from the draft runner's forwards during
+    draft(); the repair's forward runs inside draft() too (a BEFORE hook) and must be
+    told apart: ``repairing()`` is true during it and only then."""
+    from sglang.srt.speculative import eagle_worker_v2 as host
+
+    monkeypatch.setattr(host, "get_spec", lambda: SimpleNamespace(
+        speculative_use_rejection_sampling=False))  # fmt: skip
+    seen: list[bool] = []
+    req = _req(8, 4)
+    setattr(req, dkr.STALE_ATTR, 5)
+    batch = _batch([req], [12])
+    batch.spec_info = SimpleNamespace(topk_p=torch.zeros(1, 1), topk_index=torch.zeros(1, 1, dtype=torch.int64))  # fmt: skip
+    draft_worker = SimpleNamespace(topk=1, draft_runner=_logits_runner(seen, 1))
+    assert not dkr.repairing()
+    dkr._run_repair(draft_worker, batch, None, [5], [5], [7], [True])
+    assert seen == [True] and not dkr.repairing()
+    assert batch.spec_info.topk_index.tolist() == [[3]]  # the repair's own top-1
+
+
+def test_hybrid_does_not_take_the_repair_forward_for_a_draft_step(monkeypatch):
+    """HYBRID's draft-confidence capture (hybrid_worker.py) around a draft() whose repair
+    forward runs first: only the two draft steps become score columns (before the fix
+    the repair's logits were a third column, shifting every step's probability)."""
+    from sglang_spec_ext.sglang import hybrid_worker
+    from sglang_spec_ext.sglang.hybrid_worker import HybridMixin
+
+    monkeypatch.setattr(hybrid_worker, "tp_sync", lambda: None)  # one rank, no host context
+    seen: list[bool] = []
+    runner = _logits_runner(seen, 2)
+
+    def draft(batch, with_topology=False):
+        with dkr._repair_forward():  # what _run_repair does inside the BEFORE hook
+            runner.forward(None)
+        for _ in range(2):  # the draft steps
+            runner.forward(None)
+        return "verify input"
+
+    draft_worker = SimpleNamespace(
+        draft_runner=runner, draft=draft, _draft_extend_for_decode=lambda *a, **k: None,
+        _draft_extend_for_prefill=lambda *a, **k: None,
+    )  # fmt: skip
+    worker = object.__new__(type("Hybrid", (HybridMixin,), {}))
+    worker._draft_worker, worker.topk = draft_worker, 1
+    worker.speculative_num_draft_tokens, worker.speculative_num_steps = 4, 3
+    worker._init_hybrid()
+    idle = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False), reqs=[])
+    assert draft_worker.draft(idle) == "verify input"
+    assert seen == [True, False, False]
+    steps = worker._model_step_probs(2)
+    assert steps.shape == (2, 2)
