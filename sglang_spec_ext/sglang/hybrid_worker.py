@@ -22,9 +22,14 @@ How the replacement stays exact:
   proposed them, and the multi-step draft's own KV slots are rewritten next step.
 
 The draft model's confidence (its per-step top probability) is read from the draft
-runner's logits while it drafts; where the host runs the draft through CUDA graphs
-the logits are not visible and the model's score falls back to the neutral 1.0 per
-step (the learned map then holds the model's mean acceptance).
+runner's logits while it drafts (the draft-KV repair's forward, which runs inside the
+draft call before the steps, is skipped: ``draft_kv_repair.repairing()``). Known gap:
+where the host replays the draft and the decode draft extend from CUDA graphs (its
+default on a GPU, ``SGLANG_SPEC_EXT_CPU_GRAPHS=1`` here) the runner's ``forward`` is not
+called, so the model's score is only the first-token probability left by the last eager
+extend (the prefill's): a stale per-request constant, and batches above the largest
+captured size, which run eagerly, feed real scores into the same learned buckets.
+Reading the scores the host computes inside its graphs is open work (issue 26).
 
 Overlap scheduling is turned off for HYBRID (the suffix drafter reads each request's
 committed tokens from the request, which lag one step under overlap). With
