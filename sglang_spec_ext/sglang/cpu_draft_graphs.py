@@ -20,9 +20,9 @@ static-buffer copies, as on a GPU.
 
 What a replay therefore freezes, as a real CUDA graph does: anything Python inside the
 draft forward (a wrapper on ``draft_runner.forward``, a counter in a hook) ran at capture
-only. HYBRID's per-step model confidence is read through such a wrapper today, so under
-this emulation (as on a GPU) it sees only the eager draft forwards; issue 26 moves it to
-what the graphs compute.
+only. HYBRID's per-step model confidence is therefore recorded as device work into a
+buffer, by a tap installed before these runners capture (``hybrid_confidence.py``), so a
+replay writes it as an eager draft does.
 """
 
 from __future__ import annotations

@@ -21,15 +21,11 @@ How the replacement stays exact:
   draft-extend after verify runs the draft model over the *committed* tokens, whatever
   proposed them, and the multi-step draft's own KV slots are rewritten next step.
 
-The draft model's confidence (its per-step top probability) is read from the draft
-runner's logits while it drafts (the draft-KV repair's forward, which runs inside the
-draft call before the steps, is skipped: ``draft_kv_repair.repairing()``). Known gap:
-where the host replays the draft and the decode draft extend from CUDA graphs (its
-default on a GPU, ``SGLANG_SPEC_EXT_CPU_GRAPHS=1`` here) the runner's ``forward`` is not
-called, so the model's score is only the first-token probability left by the last eager
-extend (the prefill's): a stale per-request constant, and batches above the largest
-captured size, which run eagerly, feed real scores into the same learned buckets.
-Reading the scores the host computes inside its graphs is open work (issue 26).
+The draft model's confidence: the top probability of the first draft token from the
+draft extend's logits (its eager forward, or the rows its graph replay returns), and of
+each later draft step from :mod:`~sglang_spec_ext.sglang.hybrid_confidence`, which
+records them on the device inside the host's multi-step draft, so a CUDA-graph replay
+(the GPU default) and an eager draft give the same scores.
 
 Overlap scheduling is turned off for HYBRID (the suffix drafter reads each request's
 committed tokens from the request, which lag one step under overlap). With
@@ -51,6 +47,7 @@ import torch
 from sglang_spec_ext.hybrid import MODEL, SUFFIX, Candidate, HybridState, chain_score
 from sglang_spec_ext.sglang import draft_kv_repair
 from sglang_spec_ext.sglang import metrics as spec_metrics
+from sglang_spec_ext.sglang.hybrid_confidence import ensure_tap, next_token_logits, top_prob
 from sglang_spec_ext.sglang.server_args import plugin_config
 from sglang_spec_ext.sglang.tp_sync import tp_sync
 from sglang_spec_ext.sglang.verify_rows import read_tree, write_trees
@@ -125,7 +122,9 @@ class HybridMixin:
         self.hybrid = HybridState(config.hybrid_policy)
         self._suffix = SuffixWorker.drafting_only(use_tree=self.topk > 1)
         self._phase: str | None = None
-        self._captured: list[torch.Tensor] = []
+        # the draft extend's top probabilities, and whether the rows are already the
+        # selected last position of each request (the extend graph's output)
+        self._captured: list[tuple[torch.Tensor, bool]] = []
         self._first_prob: dict[str, float] = {}
         self._choice: list[str] = []
         self._rids: set[str] = set()
@@ -134,6 +133,9 @@ class HybridMixin:
         self._stats_interval = config.stats_log_interval_s
         self._tp = tp_sync()
         draft = self._draft_worker
+        # the draft steps' confidence (hybrid_confidence.py; installed before the host
+        # captured the draft graphs, or now where it captured none)
+        self._tap = ensure_tap(draft)
         runner_forward = draft.draft_runner.forward
         draft_fn = draft.draft
         extend_decode = draft._draft_extend_for_decode
@@ -141,24 +143,19 @@ class HybridMixin:
 
         def forward(forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
             out = runner_forward(forward_batch, *args, **kwargs)
-            # the draft-KV repair runs its forward before the draft steps, inside draft():
-            # its logits are not a draft step's
-            if self._phase is not None and not draft_kv_repair.repairing():
-                self._capture(out)
+            # an eager draft extend (a draft-KV repair forward is not one)
+            if self._phase == "extend" and not draft_kv_repair.repairing():
+                self._capture(out, selected=False)
             return out
 
         def draft_hybrid(batch: Any, *, with_topology: bool = False) -> Any:
-            self._captured = []
-            self._phase = "draft"
-            try:
-                verify_input = draft_fn(batch, with_topology=with_topology)
-            finally:
-                self._phase = None
+            verify_input = draft_fn(batch, with_topology=with_topology)
             if not with_topology and not batch.forward_mode.is_idle() and batch.reqs:
                 self._choose_and_splice(batch, verify_input)
             return verify_input
 
         def extend_for_decode(batch: Any, batch_result: Any, **kwargs: Any) -> Any:
+            self._tap_extend_graphs()
             self._captured = []
             self._phase = "extend"
             try:
@@ -192,41 +189,55 @@ class HybridMixin:
         )
 
     # -- the draft model's confidence --------------------------------------------
-    def _capture(self, out: Any) -> None:
-        logits = getattr(getattr(out, "logits_output", None), "next_token_logits", None)
-        if logits is None or logits.dim() != 2:
+    def _tap_extend_graphs(self) -> None:
+        """Read the draft extend's logits from its graph replays too (the runner is
+        built after this worker's ``__init__``, when the host captures graphs)."""
+        runner = getattr(self._draft_worker, "cuda_graph_runner_for_draft_extend", None)
+        if runner is None or getattr(runner, "_spec_ext_tapped", False):
             return
-        self._captured.append(torch.softmax(logits.float(), dim=-1).amax(dim=-1).cpu())
+        execute = runner.execute
+
+        def tapped_execute(*args: Any, **kwargs: Any) -> Any:
+            out = execute(*args, **kwargs)
+            if self._phase == "extend":  # a replay returns the selected rows' logits
+                self._capture(out, selected=True)
+            return out
+
+        runner.execute = tapped_execute
+        runner._spec_ext_tapped = True
+
+    def _capture(self, out: Any, selected: bool) -> None:
+        logits = next_token_logits(out)
+        if logits is not None:
+            self._captured.append((top_prob(logits), selected))
 
     def _keep_first_probs(self, batch: Any, accept_lens: Any) -> None:
         """The top probability of each request's next first draft token (from the
-        draft extend's logits): the last committed position of each request."""
+        draft extend's logits, eager or replayed): the last committed position of each
+        request."""
         captured, self._captured = self._captured, []
         bs = len(batch.reqs)
         if not captured or not bs:
             return
-        probs = captured[-1]
-        if probs.numel() == bs:
-            rows = probs.tolist()
+        probs, selected = captured[-1]
+        if selected and probs.numel() >= bs:  # a replay: one row per (padded) request
+            rows = probs[:bs]
+        elif probs.numel() == bs:
+            rows = probs
         elif accept_lens is not None and probs.numel() == bs * self._width:
-            lens = accept_lens.cpu().to(torch.int64)
-            idx = torch.arange(bs, dtype=torch.int64) * self._width + lens - 1
-            rows = probs[idx].tolist()
+            lens = accept_lens.to(device=probs.device, dtype=torch.int64)
+            idx = torch.arange(bs, dtype=torch.int64, device=probs.device) * self._width
+            rows = probs[idx + lens - 1]
         else:
             return
-        for req, p in zip(batch.reqs, rows, strict=True):
+        for req, p in zip(batch.reqs, rows.tolist(), strict=True):
             self._first_prob[req.rid] = float(p)
 
     def _model_step_probs(self, bs: int) -> np.ndarray:
-        """[bs, steps - 1] top probabilities of the draft forwards this step (the best
-        branch of each request for tree drafts); empty columns when not captured."""
-        cols = []
-        for probs in self._captured:
-            if probs.numel() % bs:
-                continue
-            cols.append(probs.view(bs, -1).amax(dim=-1).numpy())
-        self._captured = []
-        return np.stack(cols, axis=1) if cols else np.zeros((bs, 0))
+        """[bs, steps - 1] top probabilities of this step's draft forwards (the best
+        branch of each request for tree drafts), the same from a graph replay as from an
+        eager draft (hybrid_confidence.py); no columns when the draft had none."""
+        return self._tap.step_probs(bs, int(self._draft_worker.speculative_num_steps))
 
     # -- choice and splice ---------------------------------------------------------
     def _choose_and_splice(self, batch: Any, verify_input: Any) -> None:

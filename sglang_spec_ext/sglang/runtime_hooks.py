@@ -12,6 +12,8 @@ Called by :func:`sglang_spec_ext.plugin.register` (so in every process SGLang's
   SUFFIX pass like NGRAM and HYBRID by its EAGLE rules; always on, inert otherwise;
 * the host's external-corpus endpoints for SUFFIX (``sglang/external_corpus.py``);
   always on, inert for other algorithms;
+* HYBRID's draft-confidence tap, put on the draft worker before the host captures its
+  graphs (``sglang/hybrid_confidence.py``); always on, inert for other algorithms;
 * fixes of host bugs that break speculative serving (``sglang/host_fixes.py``), on
   every host, switched by ``SGLANG_SPEC_EXT_HOST_FIXES`` (default on);
 * plain decode steps where a speculative step has nothing to verify (zero draft steps
@@ -58,6 +60,9 @@ def install_runtime_hooks() -> list[str]:
     from sglang_spec_ext.sglang.external_corpus import install_external_corpus
 
     installed += install_external_corpus()  # /add_external_corpus for SUFFIX; inert otherwise
+    from sglang_spec_ext.sglang.hybrid_confidence import install_tap_hook
+
+    installed += install_tap_hook()  # HYBRID's draft confidence under graphs; inert otherwise
     if config.host_fixes:
         from sglang_spec_ext.sglang.host_fixes import install_host_fixes
 

@@ -249,24 +249,79 @@ def _runner_sizes(log: str, message: str, runner: str) -> set[int]:
     return {int(m) for m in re.findall(pattern, log)}
 
 
-@pytest.mark.parametrize(
-    ("algorithm", "shape"), [("STANDALONE", TOPK2), ("HYBRID", TOPK2)], ids=["standalone", "hybrid"]
-)
 def test_model_draft_target_verify_graphs_parity(
-    algorithm, shape, tiny_model_dir, weak_draft_dir, tiny_baseline_server, start_server, tok
+    tiny_model_dir, weak_draft_dir, tiny_baseline_server, start_server, tok
 ):
     server = start_server(
         tiny_model_dir,
         "--speculative-algorithm",
-        algorithm,
+        "STANDALONE",
         "--speculative-draft-model-path",
         str(weak_draft_dir),
-        *shape,
+        *TOPK2,
         "--cuda-graph-bs-decode",
         *map(str, CAPTURE_BS),
         env={ENV: "1"},
     )
-    _model_draft_parity(tiny_baseline_server, server, tok, algorithm)
+    _model_draft_parity(tiny_baseline_server, server, tok, "STANDALONE")
+
+
+#: A tree draft of three steps: two draft forwards inside the draft graph, so two
+#: per-step confidence columns (sglang/hybrid_confidence.py).
+TREE3 = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+         "--speculative-num-draft-tokens", "6")  # fmt: skip
+
+
+def _hybrid_stats(server) -> dict:
+    import json
+
+    from sglang_spec_ext.sglang.hybrid_worker import STATS_LOG_MARK
+
+    lines = [ln for ln in _log(server).splitlines() if STATS_LOG_MARK in ln]
+    assert lines, server.log_tail()
+    return json.loads(lines[-1].split(STATS_LOG_MARK, 1)[1])
+
+
+def test_hybrid_scores_choices_and_output_under_graphs_equal_eager(
+    tiny_model_dir, weak_draft_dir, tiny_baseline_server, start_server, tok
+):
+    """HYBRID's model score comes from the draft's own graphs: a server whose draft and
+    draft extend replay graphs learns the same table (per source and score bucket: drafts
+    seen, mean raw score, mean accepted tokens) and makes the same choices as one that
+    drafts eagerly, on the same sequential requests, and both give plain serving's
+    output. (Before the confidence tap, a replayed draft left the model's score at the
+    prefill's first-token probability: the tables differed.)"""
+    args = (
+        "--speculative-algorithm", "HYBRID", "--speculative-draft-model-path",
+        str(weak_draft_dir), *TREE3, "--cuda-graph-bs-decode", *map(str, CAPTURE_BS),
+    )  # fmt: skip
+    quiet = {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}  # a stats line per decode step
+    graphs = start_server(tiny_model_dir, *args, env={ENV: "1", **quiet})
+    eager = start_server(tiny_model_dir, *args, env={ENV: "0", **quiet})
+    prompts = [_ids(tok, text) for text in PROMPTS] + [_ids(tok, PROMPTS[0] * 2)]
+    for ids in prompts:
+        want = _greedy(tiny_baseline_server, ids, 20)
+        for name, server in (("graphs", graphs), ("eager", eager)):
+            out = server.generate(input_ids=ids, max_new_tokens=20, temperature=0, ignore_eos=True)
+            assert out["output_ids"] == want, name
+    log = _log(graphs)
+    for runner in DRAFT_RUNNERS:
+        assert _runner_sizes(log, REPLAY_MESSAGE, runner), f"{runner} never replayed"
+    got = {name: _hybrid_stats(server) for name, server in (("graphs", graphs), ("eager", eager))}
+    print(
+        f"\nHYBRID under graphs vs eager: {got['graphs']['by_source']} / {got['eager']['by_source']}"
+    )
+    assert got["graphs"]["by_source"] == got["eager"]["by_source"]
+    tables = {name: stats["learned"] for name, stats in got.items()}
+    assert tables["graphs"].keys() == tables["eager"].keys()
+    for source, rows in tables["eager"].items():
+        other = tables["graphs"][source]
+        assert [(r["lo"], r["seen"]) for r in other] == [(r["lo"], r["seen"]) for r in rows]
+        for a, b in zip(other, rows, strict=True):
+            assert a["mean_raw"] == pytest.approx(b["mean_raw"], rel=1e-5, abs=1e-6), source
+            assert a["mean_accepted"] == pytest.approx(b["mean_accepted"]), source
+    shares = got["eager"]["by_source"]  # both sources won steps: the choice was exercised
+    assert all(shares.get(s, {}).get("steps", 0) > 0 for s in ("model", "suffix")), shares
 
 
 def test_eagle3_target_verify_graphs_parity(

@@ -200,8 +200,10 @@ def test_nothing_installed_when_disabled_on_gpu_or_off_the_cpu_engine():
     # The request guard is not configurable (it is what keeps output lossless); the
     # metrics hooks are inert until the host enables metrics or our algorithms run; the
     # external-corpus hooks act only for SUFFIX servers; plain decode steps act only where
-    # a speculative step has nothing to verify (SGLANG_SPEC_EXT_PLAIN_STEPS, default on).
-    assert res["configured_off"] == ["request_guard", "plain_steps", "metrics", "external_corpus"]
+    # a speculative step has nothing to verify (SGLANG_SPEC_EXT_PLAIN_STEPS, default on);
+    # HYBRID's confidence tap acts only on a HYBRID server's draft worker.
+    assert res["configured_off"] == ["request_guard", "plain_steps", "metrics",
+                                     "external_corpus", "hybrid_confidence_tap"]  # fmt: skip
     assert res["on_cuda"] == [] and res["not_cpu"] == []
     assert res["still_placeholder"] is True and res["sampling_unset"] is True
     assert not set(OUR_TARGETS) & set(res["hooks"])

@@ -172,16 +172,17 @@ def test_the_controller_splits_a_repair_step_between_step_and_repair():
 
 
 def _logits_runner(seen: list[bool], bs: int, vocab: int = 8):
-    """A draft runner stand-in (the real one needs a loaded draft model): returns fixed
-    logits and records, per forward, whether the repair said it was running."""
+    """A draft runner stand-in (the real one needs a loaded draft model): the n-th
+    forward's logits put n + 1 on token 3, and each forward records whether the repair
+    said it was running."""
 
     def forward(_forward_batch, *_a, **_k):
         seen.append(dkr.repairing())
         logits = torch.zeros(bs, vocab)
-        logits[:, 3] = 4.0
+        logits[:, 3] = float(len(seen))
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits))
 
-    return SimpleNamespace(forward=forward)
+    return SimpleNamespace(forward=forward, req_to_token_pool=SimpleNamespace(size=8))
 
 
 def test_the_repair_forward_says_it_is_a_repair(monkeypatch):
@@ -205,33 +206,42 @@ def test_the_repair_forward_says_it_is_a_repair(monkeypatch):
 
 
 def test_hybrid_does_not_take_the_repair_forward_for_a_draft_step(monkeypatch):
-    """HYBRID's draft-confidence capture (hybrid_worker.py) around a draft() whose repair
-    forward runs first: only the two draft steps become score columns (before the fix
-    the repair's logits were a third column, shifting every step's probability)."""
+    """HYBRID's draft confidence (hybrid_confidence.py, read by hybrid_worker.py) around a
+    draft() whose repair forward runs first (the BEFORE hook), then the host's
+    draft_forward with two step forwards: the two steps are the score columns, not the
+    repair (before the fix its logits were a third column, shifting every step)."""
     from sglang_spec_ext.sglang import hybrid_worker
+    from sglang_spec_ext.sglang.hybrid_confidence import top_prob
     from sglang_spec_ext.sglang.hybrid_worker import HybridMixin
 
     monkeypatch.setattr(hybrid_worker, "tp_sync", lambda: None)  # one rank, no host context
     seen: list[bool] = []
     runner = _logits_runner(seen, 2)
+    draft_worker = SimpleNamespace(
+        draft_runner=runner, topk=1, speculative_num_steps=3, device="cpu",
+        _draft_extend_for_decode=lambda *a, **k: None,
+        _draft_extend_for_prefill=lambda *a, **k: None,
+    )  # fmt: skip
+
+    def draft_forward(forward_batch):  # the host's: one forward per step after the first
+        for _ in range(draft_worker.speculative_num_steps - 1):
+            draft_worker.draft_runner.forward(forward_batch)
+        return "draft result"
 
     def draft(batch, with_topology=False):
         with dkr._repair_forward():  # what _run_repair does inside the BEFORE hook
-            runner.forward(None)
-        for _ in range(2):  # the draft steps
-            runner.forward(None)
-        return "verify input"
+            draft_worker.draft_runner.forward(None)
+        return draft_worker.draft_forward(None)
 
-    draft_worker = SimpleNamespace(
-        draft_runner=runner, draft=draft, _draft_extend_for_decode=lambda *a, **k: None,
-        _draft_extend_for_prefill=lambda *a, **k: None,
-    )  # fmt: skip
+    draft_worker.draft_forward, draft_worker.draft = draft_forward, draft
     worker = object.__new__(type("Hybrid", (HybridMixin,), {}))
     worker._draft_worker, worker.topk = draft_worker, 1
     worker.speculative_num_draft_tokens, worker.speculative_num_steps = 4, 3
     worker._init_hybrid()
     idle = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False), reqs=[])
-    assert draft_worker.draft(idle) == "verify input"
+    assert draft_worker.draft(idle) == "draft result"
     assert seen == [True, False, False]
     steps = worker._model_step_probs(2)
-    assert steps.shape == (2, 2)
+    logits = torch.zeros(2, 8)
+    want = [top_prob(logits.index_fill(1, torch.tensor([3]), v))[0].item() for v in (2.0, 3.0)]
+    assert steps.tolist() == [pytest.approx(want)] * 2  # forwards 2 and 3; not the repair's 1
