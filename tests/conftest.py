@@ -37,6 +37,28 @@ from tests.harness.skip_policy import (  # noqa: E402
     pytest_terminal_summary as _skip_summary,
 )
 
+#: End-to-end modules by cost (servers started, long workloads), costliest first. The
+#: suite runs its files in parallel processes (scripts/test.sh); starting these first keeps
+#: the run from ending on one long module while the other processes sit idle. Modules not
+#: listed keep their collection order after these (the other e2e modules, then host and
+#: unit tests, which fill the gaps).
+COSTLIEST_FIRST = (
+    "test_cpu_graphs_serving", "test_overlap_parity", "test_smollm2_serving",
+    "test_lora_serving", "test_sampling_distribution", "test_context_limit",
+    "test_model_draft_adaptive_serving", "test_snapshot_restart", "test_standalone_serving",
+    "test_hybrid_serving", "test_soak", "test_metrics_serving", "test_bench_tools",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items) -> None:
+    rank = {name: i for i, name in enumerate(COSTLIEST_FIRST)}
+
+    def key(item) -> tuple[int, int]:
+        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+        return (rank.get(module, len(rank)), 0 if "/e2e/" in item.nodeid else 1)
+
+    items.sort(key=key)  # stable: the order within a module is kept
+
 
 def pytest_addoption(parser) -> None:
     from sglang_spec_ext.sglang.cpu_serving import GPU_PATH_ENV

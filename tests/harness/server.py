@@ -108,7 +108,7 @@ class CPUServer:
         self.proc: subprocess.Popen | None = None
 
     # -- lifecycle ---------------------------------------------------------
-    def start(self, timeout: float = 240.0) -> CPUServer:
+    def start(self, timeout: float = 600.0) -> CPUServer:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             self.args,
