@@ -29,8 +29,11 @@ machine fall on every server alike):
 
 The model-draft servers serve the mixed chat / code-edit workload of
 ``scripts/hybrid_smollm2.py`` at concurrency 1, 4 and 16, greedy. Goodput is output
-tokens per wall-clock second, summed over the rounds; greedy outputs are compared with
-the plain server's; the verify steps (``spec_verify_ct``) give the accept length.
+tokens per wall-clock second, summed over the rounds; next to it, each server's CPU
+seconds per output token (user + system of its whole process tree, read with psutil
+around every job), which other load on a shared machine disturbs far less than wall
+time (waiting for a core is not counted); greedy outputs are compared with the plain
+server's; the verify steps (``spec_verify_ct``) give the accept length.
 
     .venv/bin/python benchmarks/plain_steps.py [--rounds 2] [--max-new-tokens 64]
         [--suffix-only | --model-drafts-only | --paired]
@@ -68,6 +71,22 @@ REPAIR = {"SGLANG_SPEC_EXT_DRAFT_KV_REPAIR": "1"}
 HOST_PATH = {"SGLANG_SPEC_EXT_PLAIN_STEPS": "0", "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}
 
 
+def cpu_seconds(server) -> float:
+    """User + system CPU seconds of the server's whole process tree (launcher, tokenizer,
+    scheduler, detokenizer) so far."""
+    import psutil
+
+    root = psutil.Process(server.proc.pid)
+    total = 0.0
+    for proc in (root, *root.children(recursive=True)):
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def level(server, prompts: list[list[int]], concurrency: int, max_new: int, temp: float) -> dict:
     def one(ids: list[int]) -> dict:
         payload = {"input_ids": ids, "sampling_params": {
@@ -76,10 +95,10 @@ def level(server, prompts: list[list[int]], concurrency: int, max_new: int, temp
         r.raise_for_status()
         return r.json()
 
-    t0 = time.perf_counter()
+    cpu0, t0 = cpu_seconds(server), time.perf_counter()
     with cf.ThreadPoolExecutor(concurrency) as pool:
         outs = list(pool.map(one, prompts))
-    return {"wall_s": time.perf_counter() - t0,
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": cpu_seconds(server) - cpu0,
             "tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
             "steps": sum(o["meta_info"].get("spec_verify_ct") or 0 for o in outs),
             "outputs": [o["output_ids"] for o in outs]}  # fmt: skip
@@ -221,9 +240,11 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_postfix_str(f"{name} {wl} c={c}")
                 got = level(servers[name], prompts, c, args.max_new_tokens, temperature)
                 acc = totals.setdefault(
-                    (name, wl, c), {"wall_s": 0.0, "tokens": 0, "steps": 0, "outputs": []}
+                    (name, wl, c),
+                    {"wall_s": 0.0, "cpu_s": 0.0, "tokens": 0, "steps": 0, "outputs": []},
                 )
                 acc["wall_s"] += got["wall_s"]
+                acc["cpu_s"] += got["cpu_s"]
                 acc["tokens"] += got["tokens"]
                 acc["steps"] += got["steps"]
                 acc["outputs"] += got["outputs"] if temperature == 0 else []
@@ -237,22 +258,28 @@ def main(argv: list[str] | None = None) -> int:
         row = {"server": name, "workload": wl, "concurrency": c,
                "goodput_tok_s": round(acc["tokens"] / acc["wall_s"], 2),
                "accept_length": round(acc["tokens"] / acc["steps"], 3) if acc["steps"] else None,
-               "tokens": acc["tokens"], "wall_s": round(acc["wall_s"], 2)}  # fmt: skip
+               "tokens": acc["tokens"], "wall_s": round(acc["wall_s"], 2),
+               "cpu_ms_per_token": round(1000 * acc["cpu_s"] / acc["tokens"], 3)}  # fmt: skip
         for base_name in ("plain", "plain, no overlap"):
             if (base_name, wl, c) not in totals:
                 continue
             base = totals[(base_name, wl, c)]
             key = "vs_plain" if base_name == "plain" else "vs_plain_no_overlap"
             row[key] = round(row["goodput_tok_s"] / (base["tokens"] / base["wall_s"]), 3)
+            if base_name == "plain":  # plain's CPU seconds per token over this server's
+                row["cpu_vs_plain"] = round(
+                    (base["cpu_s"] / base["tokens"]) / (acc["cpu_s"] / acc["tokens"]), 3
+                )
         # greedy workloads: every output equals the plain server's (sampled: not comparable)
         row["identical_to_plain"] = (
             acc["outputs"] == totals[("plain", wl, c)]["outputs"] if acc["outputs"] else None
         )
         results.append(row)
     report = {
-        "what": "goodput (output tokens / wall second, summed over rounds) of speculative servers "
-        "with nothing to verify against plain decoding; SmolLM2-135M-Instruct, weak 14+8-layer "
-        "STANDALONE draft, SGLang CPU engine (eager), greedy; measured",
+        "what": "goodput (output tokens / wall second, summed over rounds) and CPU seconds per "
+        "token (server process tree, user + system) of speculative servers with nothing to "
+        "verify against plain decoding; SmolLM2-135M-Instruct, weak 14+8-layer STANDALONE "
+        "draft, SGLang CPU engine (eager), greedy; measured",
         "machine": machine_info(),
         "parameters": {"rounds": args.rounds, "max_new_tokens": args.max_new_tokens,
                        "levels": list(LEVELS), "mixed_requests": {c: len(p) for c, p in mixed.items()},
@@ -269,14 +296,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"draft gate counters: {gates}")
     print(f"JSON: {args.json}")
     print("goodput, output tokens/s; x plain (overlap loop) and x plain without overlap;")
-    print("accept length = tokens / verify steps; measured on this machine, CPU engine, eager")
+    print("accept length = tokens / verify steps; cpu x plain = plain's CPU seconds per token")
+    print("over this server's (the whole server process tree, user + system; less sensitive")
+    print("than wall time to other load on the machine); measured here, CPU engine, eager")
     print(f"{'server':<22}{'workload':<9}{'c':>4}{'tok/s':>8}{'x plain':>9}{'x no-ovl':>9}"
-          f"{'accept':>8}{'identical':>11}")  # fmt: skip
+          f"{'cpu x plain':>12}{'accept':>8}{'identical':>11}")  # fmt: skip
     for r in results:
         same = {True: "yes", False: "NO", None: "sampled"}[r["identical_to_plain"]]
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] else "-"
         print(f"{r['server']:<22}{r['workload']:<9}{r['concurrency']:>4}{r['goodput_tok_s']:>8.1f}"
-              f"{r['vs_plain']:>9.3f}{r.get('vs_plain_no_overlap', float('nan')):>9.3f}{acc:>8}"
+              f"{r['vs_plain']:>9.3f}{r.get('vs_plain_no_overlap', float('nan')):>9.3f}"
+              f"{r['cpu_vs_plain']:>12.3f}{acc:>8}"
               f"{same:>11}")  # fmt: skip
     return 0 if all(r["identical_to_plain"] is not False for r in results) else 1
 
