@@ -133,8 +133,9 @@ class HybridMixin:
         self._stats_interval = config.stats_log_interval_s
         self._tp = tp_sync()
         draft = self._draft_worker
-        # the draft steps' confidence (hybrid_confidence.py; installed before the host
-        # captured the draft graphs, or now where it captured none)
+        # the draft steps' confidence (hybrid_confidence.py): on the draft worker before
+        # the host captures its draft graphs (it does so after this __init__; the capture
+        # hook installs it first wherever a capture comes earlier)
         self._tap = ensure_tap(draft)
         runner_forward = draft.draft_runner.forward
         draft_fn = draft.draft
