@@ -122,9 +122,9 @@ class HybridMixin:
         self.hybrid = HybridState(config.hybrid_policy)
         self._suffix = SuffixWorker.drafting_only(use_tree=self.topk > 1)
         self._phase: str | None = None
-        # the draft extend's top probabilities, and whether the rows are already the
+        # the last draft extend's top probabilities, and whether the rows are already the
         # selected last position of each request (the extend graph's output)
-        self._captured: list[tuple[torch.Tensor, bool]] = []
+        self._extend_probs: tuple[torch.Tensor, bool] | None = None
         self._first_prob: dict[str, float] = {}
         self._choice: list[str] = []
         self._rids: set[str] = set()
@@ -157,7 +157,7 @@ class HybridMixin:
 
         def extend_for_decode(batch: Any, batch_result: Any, **kwargs: Any) -> Any:
             self._tap_extend_graphs()
-            self._captured = []
+            self._extend_probs = None
             self._phase = "extend"
             try:
                 return extend_decode(batch, batch_result, **kwargs)
@@ -166,7 +166,7 @@ class HybridMixin:
                 self._keep_first_probs(batch, batch_result.accept_lens)
 
         def extend_for_prefill(batch: Any, *args: Any, **kwargs: Any) -> Any:
-            self._captured = []
+            self._extend_probs = None
             self._phase = "extend"
             try:
                 return extend_prefill(batch, *args, **kwargs)
@@ -210,17 +210,17 @@ class HybridMixin:
     def _capture(self, out: Any, selected: bool) -> None:
         logits = next_token_logits(out)
         if logits is not None:
-            self._captured.append((top_prob(logits), selected))
+            self._extend_probs = (top_prob(logits), selected)
 
     def _keep_first_probs(self, batch: Any, accept_lens: Any) -> None:
         """The top probability of each request's next first draft token (from the
         draft extend's logits, eager or replayed): the last committed position of each
         request."""
-        captured, self._captured = self._captured, []
+        captured, self._extend_probs = self._extend_probs, None
         bs = len(batch.reqs)
-        if not captured or not bs:
+        if captured is None or not bs:
             return
-        probs, selected = captured[-1]
+        probs, selected = captured
         if selected and probs.numel() >= bs:  # a replay: one row per (padded) request
             rows = probs[:bs]
         elif probs.numel() == bs:
