@@ -71,13 +71,37 @@ def run(args: argparse.Namespace) -> dict:
             summary["state"] = res.state
         if p == "learned":
             summary["gain_table"] = res.estimator
+            # the server's default: no model draft where the suffix draft wins before it
+            skip = replay_hybrid(workloads[w], p, steps=k, suffix_options=opts,
+                                 draft_name=args.draft, skip_model=True)  # fmt: skip
+            summary["skip_model"] = skip.overall.summary()
+            if w in records:
+                overall.setdefault((k, "learned+skip"), HybridStats()).merge(skip.overall)
         results.setdefault(str(k), {}).setdefault(w, {})[p] = summary
         if w in records:
             overall.setdefault((k, p), HybridStats()).merge(res.overall)
         args.draft = res.draft_name
     for (k, p), stats in overall.items():
-        results[str(k)].setdefault("overall", {})[p] = stats.summary()
+        if p != "learned+skip":
+            results[str(k)].setdefault("overall", {})[p] = stats.summary()
+    for (k, p), stats in overall.items():
+        if p == "learned+skip":
+            results[str(k)]["overall"]["learned"]["skip_model"] = stats.summary()
     return results
+
+
+def skip_table(results: dict) -> str:
+    """HYBRID with and without skipping the model draft where the suffix draft wins
+    before it: accept length and the share of steps with no model draft (batch 1)."""
+    rows = []
+    for k, by_set in results.items():
+        for s, r in by_set.items():
+            if "learned" in r and "skip_model" in r["learned"]:
+                sk = r["learned"]["skip_model"]
+                rows.append([s, int(k), round(r["learned"]["accept_len"], 3),
+                             round(sk["accept_len"], 3), f"{sk['model_skipped_share']:.1%}"])  # fmt: skip
+    headers = ["set", "K", "HYBRID", "HYBRID, model skipped", "steps with no model draft"]
+    return format_table(headers, rows)
 
 
 def bars(results: dict) -> dict:
@@ -232,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# bar (HYBRID >= best of SUFFIX/model and >= arctic): {'missed on ' + ', '.join(misses) if misses else 'met everywhere'}"
     )  # noqa: E501
+    if "learned" in args.policies:
+        print(skip_table(results))
     print(table(results, args.policies))
     return 0
 

@@ -145,6 +145,7 @@ class PluginConfig:
     snapshot_interval_s: float = 300.0
     hybrid_draft: str = "auto"
     hybrid_policy: str = "learned"
+    hybrid_skip_model_draft: bool = True
     # Where each value came from: field name -> "default" | "file" | "env".
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
     # Adaptive-controller options that differ from AdaptiveConfig's defaults.

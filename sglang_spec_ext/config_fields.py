@@ -247,4 +247,11 @@ FIELDS: tuple[Field, ...] = (
         "match >= 4), suffix or model (one source only)",
         choices=("learned", "arctic", "match", "suffix", "model"),
     ),
+    Field(
+        "hybrid_skip_model_draft",
+        bool,
+        True,
+        "HYBRID: skip the draft model's draft forwards in a step where the suffix draft wins "
+        "for every request whatever the model would draft (one TP rank only)",
+    ),
 )

@@ -129,6 +129,15 @@ class GainEstimator:
         w = self.prior_weight
         return (b.accepted + w * prior) / (b.seen + w)
 
+    def max_expected(self, source: str, up_to: float) -> float:
+        """The largest :meth:`expected` of any raw score in ``[0, up_to]`` (within a
+        bucket it grows with the score, so each bucket is evaluated at its top)."""
+        highs = (*self.edges, float("inf"))
+        best = self.expected(source, up_to)
+        for i in range(self.bucket(up_to)):
+            best = max(best, self.expected(source, min(highs[i], up_to) * (1 - 1e-12)))
+        return best
+
     def table(self) -> dict[str, list[dict[str, float]]]:
         """Per source, per bucket with evidence: score range, drafts seen, mean raw
         score and mean accepted tokens."""
@@ -202,6 +211,27 @@ class HybridChooser:
             return arctic_rule(suffix.score, max_depth(model.parents))
         if self.policy == "match":
             return match_rule(suffix.match_len)
+        raise AssertionError(self.policy)  # unreachable: checked in __post_init__
+
+    def suffix_wins_before_model_drafts(
+        self, suffix: Candidate, first_prob: float, model_steps: int
+    ) -> bool:
+        """Whether :meth:`choose` picks ``suffix`` whatever the model drafts, knowing of
+        the model's draft only its first token's probability and its depth: the model's
+        score is at most :func:`chain_score` of ``first_prob`` followed by certainties.
+        Then the model need not draft at all."""
+        if self.policy in SOURCES:
+            return self.policy == SUFFIX
+        if not suffix.tokens:
+            return False
+        if self.policy == "learned":
+            bound = chain_score([first_prob] + [1.0] * max(model_steps - 1, 0))
+            gain_s = self.estimator.expected(SUFFIX, suffix.score)
+            return gain_s > self.estimator.max_expected(MODEL, bound)
+        if self.policy == "arctic":
+            return suffix.score >= model_steps
+        if self.policy == "match":
+            return match_rule(suffix.match_len) == SUFFIX
         raise AssertionError(self.policy)  # unreachable: checked in __post_init__
 
 
@@ -358,6 +388,11 @@ class HybridState:
             if cand.tokens:
                 self.ledger.add(rid, committed_len, cand, cand.source == winner)
         return winner
+
+    def take_suffix(self, rid: Any, committed_len: int, suffix: Candidate) -> str:
+        """The suffix draft wins before the model drafts (no model draft to ledger)."""
+        self.ledger.add(rid, committed_len, suffix, True)
+        return SUFFIX
 
     def record(self, source: str, committed: int) -> None:
         """One verify of ``source``'s draft that committed ``committed`` tokens (bonus included)."""

@@ -71,7 +71,7 @@ def _worker_factory(server_args: object) -> type:
 
 
 def _hybrid_worker_factory(server_args: object) -> type:
-    from sglang_spec_ext.sglang.hybrid_worker import hybrid_worker_class
+    from sglang_spec_ext.sglang.hybrid_draft import hybrid_worker_class
     from sglang_spec_ext.sglang.server_args import hybrid_kind
 
     return hybrid_worker_class(hybrid_kind())

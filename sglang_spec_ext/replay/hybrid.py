@@ -55,6 +55,7 @@ class HybridStats:
     decode_tokens: int = 0  # tokens committed by decode steps (bonus included)
     output_tokens: int = 0  # all output tokens (prefill token included)
     accepted: int = 0  # draft tokens accepted (bonus excluded)
+    model_skipped: int = 0  # steps the model did not draft (the suffix draft won before)
     by_source: dict[str, SourceStats] = field(
         default_factory=lambda: {s: SourceStats() for s in SOURCES}
     )
@@ -66,7 +67,8 @@ class HybridStats:
         self.by_source[source].add(committed, accepted)
 
     def merge(self, other: HybridStats) -> None:
-        for name in ("requests", "steps", "decode_tokens", "output_tokens", "accepted"):
+        for name in ("requests", "steps", "decode_tokens", "output_tokens", "accepted",
+                     "model_skipped"):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for source, counts in other.by_source.items():
             self.by_source.setdefault(source, SourceStats()).merge(counts)
@@ -78,6 +80,7 @@ class HybridStats:
             "output_tokens": self.output_tokens,
             "accept_len": self.decode_tokens / self.steps if self.steps else 1.0,
             "accepted_per_step": self.accepted / (self.steps or 1),
+            "model_skipped_share": self.model_skipped / (self.steps or 1),
             "by_source": source_shares(self.by_source),
         }
 
@@ -149,6 +152,7 @@ def replay_hybrid(
     draft_name: str | None = None,
     drafter: Drafter | None = None,
     state: HybridState | None = None,
+    skip_model: bool = False,
 ) -> HybridResult:
     """Replay ``records`` in order with HYBRID's choice under ``policy`` (one of
     ``hybrid.POLICIES``, or :data:`ORACLE`, the hindsight bound).
@@ -159,7 +163,12 @@ def replay_hybrid(
     nodes. ``suffix_options`` configures the suffix drafter (``make_drafter("suffix")``),
     unless a ``drafter`` is given. ``draft_name`` picks the records' model draft
     (default: the only one they carry). ``state`` (default: a fresh
-    ``HybridState(policy)``) carries the choice across requests.
+    ``HybridState(policy)``) carries the choice across requests. ``skip_model``: as a
+    server with ``SGLANG_SPEC_EXT_HYBRID_SKIP_MODEL_DRAFT`` on (at batch size 1), a step
+    whose suffix draft wins whatever the model drafts (``HybridChooser.
+    suffix_wins_before_model_drafts``, from the first token's probability) takes it
+    without a model draft (counted in ``model_skipped``; the state then learns nothing
+    of the model from that step).
     """
     records = list(records)
     if policy not in REPLAY_POLICIES:
@@ -195,8 +204,9 @@ def replay_hybrid(
         rid = f"req-{i}"
         stats = by_set.setdefault(rec.set, HybridStats())
         commits, sources = _replay_one(
-            drafter, state, rid, rec, name, steps, budget, stats, oracle=policy == ORACLE
-        )
+            drafter, state, rid, rec, name, steps, budget, stats, oracle=policy == ORACLE,
+            skip_model=skip_model and policy != ORACLE,
+        )  # fmt: skip
         all_commits.append(commits)
         all_sources.append(sources)
     for stats in by_set.values():
@@ -225,6 +235,7 @@ def _replay_one(
     budget: int,
     stats: HybridStats,
     oracle: bool = False,
+    skip_model: bool = False,
 ) -> tuple[list[int], list[str]]:
     out = rec.output_ids
     n = len(out)
@@ -240,7 +251,13 @@ def _replay_one(
     while pos < n:
         suffix = suffix_candidate(drafter, rid, budget)
         model = model_candidate(rec, name, pos, min(steps, budget))
-        if oracle:
+        first = rec.model_drafts[name].probs[pos][0] if model.tokens else 0.0
+        if skip_model and state.chooser.suffix_wins_before_model_drafts(
+            suffix, first, min(steps, budget)
+        ):
+            winner = state.take_suffix(rid, pos, suffix)
+            stats.model_skipped += 1
+        elif oracle:
             better = greedy_accept(suffix, out[pos:]) > greedy_accept(model, out[pos:])
             winner = SUFFIX if better else MODEL
         else:

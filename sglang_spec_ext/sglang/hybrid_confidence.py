@@ -18,8 +18,8 @@ records device work, not Python state:
   before capture (``[max_running_requests * topk, steps - 1]``). A graph replays that
   copy into the same buffer, exactly as an eager draft writes it.
 
-After the draft, :meth:`ConfidenceTap.step_probs` reads the rows of the batch (one host
-read, which HYBRID's choice needs anyway). Scores, choices and output are therefore the
+After the draft, :meth:`ConfidenceTap.step_rows` gives the rows of the batch, which
+HYBRID copies to the host with the step's other reads. Scores, choices and output are therefore the
 same whether a draft ran eagerly or from a graph (``tests/e2e/test_cpu_graphs_serving.py``).
 The first draft token's probability comes from the draft extend, whose graph runner
 returns its logits (``hybrid_worker.py`` reads them from either path).
@@ -95,14 +95,20 @@ class ConfidenceTap:
         if n <= self.rows and k <= self.cols:
             self.buf[:n, :k].copy_(probs)
 
-    def step_probs(self, bs: int, steps: int) -> np.ndarray:
-        """``[bs, steps - 1]``: per request, the best branch's top probability at each
-        draft forward of the last draft; ``[bs, 0]`` when it had none or did not fit."""
+    def step_rows(self, bs: int, steps: int) -> torch.Tensor | None:
+        """``[bs, steps - 1]`` on the device: per request, the best branch's top
+        probability at each draft forward of the last draft; None when it had none or
+        did not fit (no host read: HYBRID copies it with the step's other reads)."""
         k = int(steps) - 1
         n = bs * self.topk
         if k <= 0 or k > self.cols or n > self.rows or bs <= 0:
-            return np.zeros((max(bs, 0), 0))
-        return self.buf[:n, :k].view(bs, self.topk, k).amax(dim=1).cpu().numpy()
+            return None
+        return self.buf[:n, :k].view(bs, self.topk, k).amax(dim=1)
+
+    def step_probs(self, bs: int, steps: int) -> np.ndarray:
+        """:meth:`step_rows` on the host; ``[bs, 0]`` when there are none."""
+        rows = self.step_rows(bs, steps)
+        return np.zeros((max(bs, 0), 0)) if rows is None else rows.cpu().numpy()
 
 
 def is_hybrid() -> bool:
@@ -148,3 +154,93 @@ def install_tap_hook() -> list[str]:
 
     register_hooks_once([(CAPTURE_TARGET, capture_with_tap_hook, HookType.AROUND)])
     return ["hybrid_confidence_tap"]
+
+
+class FirstTokenProbs:
+    """Per request, the top probability of its next first draft token: the draft
+    extend's logits at the request's last committed position, read from the extend's
+    eager forward or from the rows its graph runner's replay returns.
+
+    The rows stay on the device until HYBRID's next host copy (:meth:`unread` /
+    :meth:`apply`); :attr:`probs` holds what was read, bounded like the other
+    per-request state."""
+
+    #: Draft extends whose rows wait on the device at most (prefills with no decode).
+    MAX_UNREAD = 32
+
+    def __init__(self) -> None:
+        self.in_extend = False
+        self._captured: tuple[torch.Tensor, bool] | None = None
+        self._unread: list[tuple[list[str], torch.Tensor]] = []
+        self.probs: dict[str, float] = {}
+
+    def begin(self) -> None:
+        """A draft extend starts."""
+        self._captured = None
+        self.in_extend = True
+
+    def capture(self, out: Any, selected: bool) -> None:
+        """A forward of the draft extend returned ``out`` (``selected``: one row per
+        request already, as the extend graph returns them)."""
+        if not self.in_extend or draft_kv_repair.repairing():  # a repair is no extend
+            return
+        logits = next_token_logits(out)
+        if logits is not None:
+            self._captured = (top_prob(logits), selected)
+
+    def tap_graph_runner(self, runner: Any) -> None:
+        """Capture from the extend graph runner's replays too (the host builds it after
+        the worker's ``__init__``, so this is called on each extend; idempotent)."""
+        if runner is None or getattr(runner, "_spec_ext_tapped", False):
+            return
+        execute = runner.execute
+
+        def tapped_execute(*args: Any, **kwargs: Any) -> Any:
+            out = execute(*args, **kwargs)
+            self.capture(out, selected=True)
+            return out
+
+        runner.execute = tapped_execute
+        runner._spec_ext_tapped = True
+
+    def end(self, rids: list[str], accept_lens: Any, width: int) -> None:
+        """The extend ended: keep each request's row (its last committed position)."""
+        self.in_extend = False
+        captured, self._captured = self._captured, None
+        bs = len(rids)
+        if captured is None or not bs:
+            return
+        probs, selected = captured
+        if selected and probs.numel() >= bs:  # a replay: one row per (padded) request
+            rows = probs[:bs]
+        elif probs.numel() == bs:
+            rows = probs
+        elif accept_lens is not None and probs.numel() == bs * width:
+            lens = accept_lens.to(device=probs.device, dtype=torch.int64)
+            idx = torch.arange(bs, dtype=torch.int64, device=probs.device) * width
+            rows = probs[idx + lens - 1]
+        else:
+            return
+        self._unread.append((list(rids), rows.detach().clone()))
+        del self._unread[: -self.MAX_UNREAD]
+
+    def unread(self) -> list[torch.Tensor]:
+        return [rows for _, rows in self._unread]
+
+    def apply(self, arrays: list[np.ndarray]) -> None:
+        """The host copies of :meth:`unread` (same order)."""
+        pending, self._unread = self._unread, []
+        for (rids, _), probs in zip(pending, arrays, strict=True):
+            for rid, p in zip(rids, probs.tolist(), strict=True):
+                self.probs[rid] = float(p)
+
+    def get(self, rid: str) -> float:
+        return self.probs.get(rid, 1.0)
+
+    def forget(self, rids: Any) -> None:
+        for rid in rids:
+            self.probs.pop(rid, None)
+
+    def keep_only(self, rids: set[str], bound: int) -> None:
+        if len(self.probs) > bound:  # prefilled requests that never decoded
+            self.probs = {r: p for r, p in self.probs.items() if r in rids}

@@ -27,11 +27,18 @@ each later draft step from :mod:`~sglang_spec_ext.sglang.hybrid_confidence`, whi
 records them on the device inside the host's multi-step draft, so a CUDA-graph replay
 (the GPU default) and an eager draft give the same scores.
 
-Overlap scheduling is turned off for HYBRID (the suffix drafter reads each request's
-committed tokens from the request, which lag one step under overlap). With
-``--tp-size`` > 1 the first rank's choices and suffix rows are broadcast
-(``tp_sync.TpSync``). Faults in the suffix/choice path fall back to the model draft
-for that step (lossless: the model draft is verified as usual) and are counted.
+Overlap scheduling (the host's default for its V2 model-draft workers) stays on: the
+tokens each request committed reach its suffix session from the worker's own prefill
+and verify outputs (:mod:`~sglang_spec_ext.sglang.hybrid_commits`), never from
+``req.output_ids`` alone, which lags one step under overlap. A decode step makes at most
+two device-to-host copies (``hybrid_commits.read_packed``): at its start, the previous
+steps' committed tokens and accept lengths and the draft extend's first-token
+probabilities (then the suffix drafts are computed on the host); after the model's
+draft, its rows and per-step confidence. Where the suffix draft wins for every request
+whatever the model would draft, the model does not draft (a stub answers the host's
+draft forwards) and the second copy is not made. With ``--tp-size`` > 1 the first
+rank's choices and suffix rows are broadcast (``tp_sync.TpSync``). Faults in the
+suffix/choice path fall back to the model draft for that step (lossless) and are counted.
 """
 
 from __future__ import annotations
@@ -45,9 +52,14 @@ import numpy as np
 import torch
 
 from sglang_spec_ext.hybrid import MODEL, SUFFIX, Candidate, HybridState, chain_score
-from sglang_spec_ext.sglang import draft_kv_repair
 from sglang_spec_ext.sglang import metrics as spec_metrics
-from sglang_spec_ext.sglang.hybrid_confidence import ensure_tap, next_token_logits, top_prob
+from sglang_spec_ext.sglang.hybrid_commits import CommitLog, StepRows, read_packed
+from sglang_spec_ext.sglang.hybrid_confidence import FirstTokenProbs, ensure_tap
+from sglang_spec_ext.sglang.hybrid_draft import (
+    draft_without_model,
+    suffix_candidate,
+    suffix_wins_everywhere,
+)
 from sglang_spec_ext.sglang.server_args import plugin_config
 from sglang_spec_ext.sglang.tp_sync import tp_sync
 from sglang_spec_ext.sglang.verify_rows import read_tree, write_trees
@@ -58,53 +70,9 @@ logger = logging.getLogger("sglang_spec_ext")
 
 #: INFO line with HYBRID's per-source figures (JSON after the mark).
 STATS_LOG_MARK = "sglang-spec-ext hybrid stats: "
-#: Remembered first-token probabilities beyond which those of absent requests are dropped.
-FIRST_PROB_BOUND = 4096
-#: Draft kinds and the host worker each runs on.
-DRAFT_KINDS = ("standalone", "eagle", "eagle3")
-
-
-def draft_kind_from_architectures(architectures: list[str]) -> str:
-    """``eagle3`` / ``eagle`` for the host's EAGLE head architectures, else ``standalone``."""
-    names = " ".join(architectures or []).lower()
-    if "eagle3" in names:
-        return "eagle3"
-    if "eagle" in names:
-        return "eagle"
-    return "standalone"
-
-
-def draft_kind(
-    draft_path: str | None,
-    setting: str = "auto",
-    *,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-) -> str:
-    """The model-draft path HYBRID runs: ``setting`` unless ``auto``, else detected from
-    the draft's architectures as the host resolves its config (``get_config`` of
-    ``sglang.srt.utils.hf_transformers``: a local directory, a hub id from the local
-    cache or the hub, a GGUF file, the ``revision`` given). A config the host cannot
-    resolve is an error that names the path and the override, not a guess: a hub id
-    taken for a plain causal LM would start an EAGLE head on the wrong host path."""
-    if setting != "auto":
-        if setting not in DRAFT_KINDS:
-            raise ValueError(f"hybrid_draft={setting!r} is invalid: expected auto or {DRAFT_KINDS}")
-        return setting
-    if not draft_path:
-        return "standalone"
-    from sglang.srt.utils.hf_transformers_utils import get_config
-
-    try:
-        config = get_config(draft_path, trust_remote_code=trust_remote_code, revision=revision)
-    except Exception as exc:  # the host's resolution raises OSError, ValueError, HF errors
-        raise ValueError(
-            f"HYBRID: cannot read the draft model's config for --speculative-draft-model-path "
-            f"{draft_path!r} ({type(exc).__name__}: {exc}); give a model directory or a hub "
-            "id this machine can resolve, or set SGLANG_SPEC_EXT_HYBRID_DRAFT="
-            f"{'|'.join(DRAFT_KINDS)} to skip the detection"
-        ) from exc
-    return draft_kind_from_architectures(list(getattr(config, "architectures", None) or []))
+#: Per-request records (first-token probabilities, committed tails) beyond which those
+#: of requests absent from the decode batch are dropped (prefilled, never decoded).
+REQUEST_STATE_BOUND = 4096
 
 
 class HybridMixin:
@@ -121,17 +89,21 @@ class HybridMixin:
         config = plugin_config()
         self.hybrid = HybridState(config.hybrid_policy)
         self._suffix = SuffixWorker.drafting_only(use_tree=self.topk > 1)
-        self._phase: str | None = None
-        # the last draft extend's top probabilities, and whether the rows are already the
-        # selected last position of each request (the extend graph's output)
-        self._extend_probs: tuple[torch.Tensor, bool] | None = None
-        self._first_prob: dict[str, float] = {}
+        # the first draft token's confidence, from the draft extend (hybrid_confidence.py)
+        self._first = FirstTokenProbs()
         self._choice: list[str] = []
+        self._starts: list[int] | None = None  # each request's committed count at the choice
         self._rids: set[str] = set()
+        # what each request committed, from this worker's own outputs (hybrid_commits.py)
+        self._commits = CommitLog(keep=4 * self._width + 8)
         self._hybrid_faults = 0
         self._stats_logged_at: float | None = None
         self._stats_interval = config.stats_log_interval_s
         self._tp = tp_sync()
+        # skip the model's draft forwards where the suffix draft wins regardless; one rank
+        # only (on TP ranks the draft forwards are collectives every rank must run)
+        self._skip_model = config.hybrid_skip_model_draft and self._tp is None
+        self._skipped_steps = 0
         draft = self._draft_worker
         # the draft steps' confidence (hybrid_confidence.py): on the draft worker before
         # the host captures its draft graphs (it does so after this __init__; the capture
@@ -144,35 +116,47 @@ class HybridMixin:
 
         def forward(forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
             out = runner_forward(forward_batch, *args, **kwargs)
-            # an eager draft extend (a draft-KV repair forward is not one)
-            if self._phase == "extend" and not draft_kv_repair.repairing():
-                self._capture(out, selected=False)
+            self._first.capture(out, selected=False)  # inside an eager draft extend only
             return out
 
         def draft_hybrid(batch: Any, *, with_topology: bool = False) -> Any:
-            verify_input = draft_fn(batch, with_topology=with_topology)
-            if not with_topology and not batch.forward_mode.is_idle() and batch.reqs:
-                self._choose_and_splice(batch, verify_input)
+            if with_topology or batch.forward_mode.is_idle() or not batch.reqs:
+                return draft_fn(batch, with_topology=with_topology)
+            try:  # the suffix drafts first: the model need not draft where they win anyway
+                drafted: Any = self._suffix_drafts(batch)
+                skip = self._model_not_needed(batch, *drafted)
+            except Exception as exc:  # counted in _choose_and_splice: model drafts only
+                drafted, skip = exc, False
+            if skip:
+                try:  # the V2 draft writes slots reserved per request: a retry allocates nothing
+                    verify_input = draft_without_model(self._draft_worker, draft_fn, batch)
+                except Exception as exc:  # never again on this server; the model drafts
+                    self._skip_model = False
+                    self._hybrid_fault(exc)
+                else:
+                    self._choose_and_splice(batch, verify_input, drafted, skipped=True)
+                    return verify_input
+            verify_input = draft_fn(batch, with_topology=False)
+            self._choose_and_splice(batch, verify_input, drafted)
             return verify_input
 
         def extend_for_decode(batch: Any, batch_result: Any, **kwargs: Any) -> Any:
-            self._tap_extend_graphs()
-            self._extend_probs = None
-            self._phase = "extend"
+            self._first.tap_graph_runner(getattr(draft, "cuda_graph_runner_for_draft_extend", None))
+            self._first.begin()
             try:
                 return extend_decode(batch, batch_result, **kwargs)
             finally:
-                self._phase = None
-                self._keep_first_probs(batch, batch_result.accept_lens)
+                rids = [r.rid for r in batch.reqs]
+                self._first.end(rids, batch_result.accept_lens, self._width)
 
         def extend_for_prefill(batch: Any, *args: Any, **kwargs: Any) -> Any:
-            self._extend_probs = None
-            self._phase = "extend"
+            self._first.begin()
             try:
                 return extend_prefill(batch, *args, **kwargs)
             finally:
-                self._phase = None
-                self._keep_first_probs(batch, None)
+                self._first.end([r.rid for r in batch.reqs], None, self._width)
+                if len(args) >= 2 and not batch.forward_mode.is_idle():
+                    self._commits.stash_prefill(batch.reqs, args[1])  # (hidden, next ids, ..)
 
         draft.draft_runner.forward = forward
         draft.draft = draft_hybrid
@@ -189,50 +173,24 @@ class HybridMixin:
             self._suffix.drafter.backend,
         )
 
-    # -- the draft model's confidence --------------------------------------------
-    def _tap_extend_graphs(self) -> None:
-        """Read the draft extend's logits from its graph replays too (the runner is
-        built after this worker's ``__init__``, when the host captures graphs)."""
-        runner = getattr(self._draft_worker, "cuda_graph_runner_for_draft_extend", None)
-        if runner is None or getattr(runner, "_spec_ext_tapped", False):
-            return
-        execute = runner.execute
-
-        def tapped_execute(*args: Any, **kwargs: Any) -> Any:
-            out = execute(*args, **kwargs)
-            if self._phase == "extend":  # a replay returns the selected rows' logits
-                self._capture(out, selected=True)
-            return out
-
-        runner.execute = tapped_execute
-        runner._spec_ext_tapped = True
-
-    def _capture(self, out: Any, selected: bool) -> None:
-        logits = next_token_logits(out)
-        if logits is not None:
-            self._extend_probs = (top_prob(logits), selected)
-
-    def _keep_first_probs(self, batch: Any, accept_lens: Any) -> None:
-        """The top probability of each request's next first draft token (from the
-        draft extend's logits, eager or replayed): the last committed position of each
-        request."""
-        captured, self._extend_probs = self._extend_probs, None
-        bs = len(batch.reqs)
-        if captured is None or not bs:
-            return
-        probs, selected = captured
-        if selected and probs.numel() >= bs:  # a replay: one row per (padded) request
-            rows = probs[:bs]
-        elif probs.numel() == bs:
-            rows = probs
-        elif accept_lens is not None and probs.numel() == bs * self._width:
-            lens = accept_lens.to(device=probs.device, dtype=torch.int64)
-            idx = torch.arange(bs, dtype=torch.int64, device=probs.device) * self._width
-            rows = probs[idx + lens - 1]
-        else:
-            return
-        for req, p in zip(batch.reqs, rows.tolist(), strict=True):
-            self._first_prob[req.rid] = float(p)
+    # -- what each request committed -----------------------------------------------------
+    def _read_host(self, current: list[torch.Tensor]) -> list[np.ndarray]:
+        """The step's one device-to-host copy: what earlier steps left on the device
+        (committed tokens, accept lengths, first-token probabilities) and ``current``.
+        Applies the earlier steps' part; returns the host copies of ``current``."""
+        pending, first = self._commits.unread_tensors(), self._first.unread()
+        host = read_packed([*pending, *first, *current])
+        for rows in self._commits.apply(host[: len(pending)]):
+            if rows.extra is None:  # a prefill, or a verify with no choice
+                continue
+            lens = rows.host_lens.tolist()
+            for (source, req), start, n in zip(rows.extra, rows.starts, lens, strict=True):
+                # not a step the scheduler ran past a request's end and dropped (overlap
+                # launches step N+1 before it sees that step N finished the request)
+                if not (req.finished() and start >= len(req.output_ids)):
+                    self.hybrid.record(source, int(n))
+        self._first.apply(host[len(pending) : len(pending) + len(first)])
+        return host[len(pending) + len(first) :]
 
     def _model_step_probs(self, bs: int) -> np.ndarray:
         """[bs, steps - 1] top probabilities of this step's draft forwards (the best
@@ -241,12 +199,55 @@ class HybridMixin:
         return self._tap.step_probs(bs, int(self._draft_worker.speculative_num_steps))
 
     # -- choice and splice ---------------------------------------------------------
-    def _choose_and_splice(self, batch: Any, verify_input: Any) -> None:
+    def _suffix_drafts(self, batch: Any) -> tuple[list[DraftTree | None], list[int]]:
+        """Before the model drafts: the previous steps' outputs on the host (their one
+        copy), each request's suffix session brought up to date, and its suffix draft;
+        with each request's committed-token count."""
+        self._starts = None
+        self._read_host([])
+        self._close_departed(batch)
+        width = self._width
+        rids, committed = [], []
+        for req in batch.reqs:
+            out = req.output_ids
+            total, beyond, resynced = self._commits.committed(req.rid, out)
+            if resynced:  # the record disagreed with output_ids: restart this request
+                self._suffix.close_sessions([req.rid])
+            prev = self._suffix._sessions.get(req.rid)
+            before = prev.synced if prev is not None else None
+            ok = self._suffix._guarded("sync", req.rid, self._suffix._sync, req, beyond)
+            if ok and before is not None and total >= before:
+                new = list(out[before:]) + beyond[max(0, before - len(out)) :]
+                self.hybrid.ledger.commit(req.rid, new)
+            else:  # a new, restarted or faulted session: its pending drafts are void
+                self.hybrid.finish(req.rid)
+            rids.append(req.rid if ok else None)
+            committed.append(total)
+        self._starts = committed
+        live = [r for r in rids if r is not None and r in self._suffix.drafter]
+        trees = iter(self._suffix._speculate(live, width - 1))
+        drafts = [next(trees) if r is not None and r in live else None for r in rids]
+        return drafts, committed
+
+    def _model_not_needed(self, batch: Any, drafts: list, committed: list[int]) -> bool:
+        if not self._skip_model:
+            return False
+        steps = int(self._draft_worker.speculative_num_steps)
+        first = [self._first.get(req.rid) for req in batch.reqs]
+        return suffix_wins_everywhere(self.hybrid.chooser, drafts, first, steps)
+
+    def _choose_and_splice(
+        self, batch: Any, verify_input: Any, drafted: Any, skipped: bool = False
+    ) -> None:
         bs, width = len(batch.reqs), self._width
         self._choice = [MODEL] * bs
         try:
-            self._close_departed(batch)
-            flags, tokens, masks = self._decide(batch, verify_input)
+            if isinstance(drafted, BaseException):
+                raise drafted
+            if skipped:
+                flags, tokens, masks = self._take_suffix(batch, *drafted)
+            else:
+                flags, tokens, masks = self._decide(batch, verify_input, *drafted)
         except Exception as exc:  # this rank's contribution is zero: model drafts
             self._hybrid_fault(exc)
             flags = np.zeros(bs, dtype=np.int64)
@@ -279,48 +280,40 @@ class HybridMixin:
 
     def _close_departed(self, batch: Any) -> None:
         current = {req.rid for req in batch.reqs}
-        if len(self._first_prob) > FIRST_PROB_BOUND:  # prefilled requests that never decoded
-            self._first_prob = {r: p for r, p in self._first_prob.items() if r in current}
+        self._first.keep_only(current, REQUEST_STATE_BOUND)
+        self._commits.keep_only(current, REQUEST_STATE_BOUND)
         gone = self._rids - current
         if gone:
             self._suffix.close_sessions(sorted(gone))
+            self._commits.forget(gone)
+            self._first.forget(gone)
             for rid in gone:
                 self.hybrid.finish(rid)
-                self._first_prob.pop(rid, None)
         self._rids = current
 
-    def _decide(self, batch: Any, verify_input: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per request: whether the suffix draft wins, and its packed row (tokens, mask)."""
+    def _decide(
+        self, batch: Any, verify_input: Any, drafts: list, committed: list[int]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per request: whether the suffix draft wins, and its packed row (tokens, mask).
+        The model's draft (tokens, links, per-step confidence) is this step's second and
+        last host copy."""
         bs, width = len(batch.reqs), self._width
-        step_probs = self._model_step_probs(bs)
-        host_tokens = verify_input.draft_token.view(bs, width).cpu().tolist()
-        next_tok = verify_input.retrieve_next_token.view(bs, width).cpu().tolist()
-        next_sib = verify_input.retrieve_next_sibling.view(bs, width).cpu().tolist()
+        rows = self._tap.step_rows(bs, int(self._draft_worker.speculative_num_steps))
+        views = [verify_input.draft_token.view(bs, width),
+                 verify_input.retrieve_next_token.view(bs, width),
+                 verify_input.retrieve_next_sibling.view(bs, width)]  # fmt: skip
+        host = self._read_host(views if rows is None else [*views, rows])
+        host_tokens, next_tok, next_sib = (a.tolist() for a in host[:3])
+        step_probs = host[3] if rows is not None else np.zeros((bs, 0))
         flags = np.zeros(bs, dtype=np.int64)
         tokens = np.zeros((bs, width), dtype=np.int64)
         masks = np.zeros((bs, width, width), dtype=bool)
-
-        rids, committed = [], []
-        for req in batch.reqs:
-            prev = self._suffix._sessions.get(req.rid)
-            before = prev.synced if prev is not None else None
-            ok = self._suffix._guarded("sync", req.rid, self._suffix._sync, req, [])
-            out = req.output_ids
-            if ok and before is not None and len(out) >= before:
-                self.hybrid.ledger.commit(req.rid, list(out[before:]))
-            else:  # a new, restarted or faulted session: its pending drafts are void
-                self.hybrid.finish(req.rid)
-            rids.append(req.rid if ok else None)
-            committed.append(len(out))
-        live = [r for r in rids if r is not None and r in self._suffix.drafter]
-        trees = iter(self._suffix._speculate(live, width - 1))
         for b, req in enumerate(batch.reqs):
-            tree = next(trees) if rids[b] is not None and rids[b] in live else DraftTree()
+            tree = drafts[b] if drafts[b] is not None else DraftTree()
             m_tokens, m_parents = read_tree(host_tokens[b], next_tok[b], next_sib[b])
-            p = [self._first_prob.get(req.rid, 1.0), *step_probs[b].tolist()]
+            p = [self._first.get(req.rid), *step_probs[b].tolist()]
             model = Candidate(MODEL, m_tokens, m_parents, chain_score(p[: len(m_tokens)]))
-            suffix = Candidate(SUFFIX, tuple(tree.tokens), tuple(tree.parents), tree.score,
-                               tree.match_len)  # fmt: skip
+            suffix = suffix_candidate(tree)
             if self.hybrid.choose(req.rid, committed[b], suffix, model) != SUFFIX:
                 continue
             flags[b] = 1
@@ -328,6 +321,21 @@ class HybridMixin:
             tokens[b, 1 : 1 + len(tree.tokens)] = tree.tokens
             masks[b] = tree_mask(tree.parents, width)
         return flags, tokens, masks
+
+    def _take_suffix(
+        self, batch: Any, drafts: list, committed: list[int]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every request's suffix draft (the model did not draft); no host read."""
+        bs, width = len(batch.reqs), self._width
+        self._skipped_steps += 1
+        tokens = np.zeros((bs, width), dtype=np.int64)  # the root stays the host's
+        masks = np.zeros((bs, width, width), dtype=bool)
+        for b, req in enumerate(batch.reqs):
+            tree = drafts[b]
+            self.hybrid.take_suffix(req.rid, committed[b], suffix_candidate(tree))
+            tokens[b, 1 : 1 + len(tree.tokens)] = tree.tokens
+            masks[b] = tree_mask(tree.parents, width)
+        return np.ones(bs, dtype=np.int64), tokens, masks
 
     def _tp_share(self, flags: np.ndarray, tokens: np.ndarray, masks: np.ndarray) -> tuple:
         """Every TP rank splices the first rank's choices and suffix rows."""
@@ -355,16 +363,29 @@ class HybridMixin:
             batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier
         )
         choice, self._choice = self._choice, []
-        if choice and len(choice) == len(batch.reqs) and not batch.forward_mode.is_idle():
-            lens = out.accept_lens.cpu().tolist()
-            for source, n in zip(choice, lens, strict=True):
-                self.hybrid.record(source, int(n))
-            spec_metrics.note_sources(batch.reqs, choice, lens)
+        starts, self._starts = self._starts, None
+        reqs = batch.reqs
+        if batch.forward_mode.is_idle() or not reqs:
+            return out
+        if starts is None or len(starts) != len(reqs):  # no choice this step (a fault)
+            starts = [self._commits.start_of(r.rid, r.output_ids) for r in reqs]
+        extra = None
+        if choice and len(choice) == len(reqs):
+            # per-request source figures, counted where the host reads this step's
+            # results on the host (metrics.py), not here
+            out.spec_ext_sources = choice
+            extra = list(zip(choice, reqs, strict=True))
+        # the committed tokens, learned from and drafted on at the next step's host copy
+        bs = len(reqs)
+        tokens = out.next_token_ids.view(bs, -1)
+        self._commits.stash(StepRows([r.rid for r in reqs], starts, tokens, out.accept_lens, extra))
         return out
 
     def hybrid_stats(self) -> dict[str, Any]:
         stats = self.hybrid.summary()
         stats["choice_faults"] = self._hybrid_faults
+        stats["commit_resyncs"] = self._commits.resyncs
+        stats["model_draft_skipped_steps"] = self._skipped_steps
         stats["suffix"] = self._suffix.drafter_stats()
         stats["learned"] = self.hybrid.estimator.table()
         return stats
@@ -377,23 +398,3 @@ class HybridMixin:
         stats = self.hybrid_stats()
         logger.info("%s%s", STATS_LOG_MARK, json.dumps(stats, default=str))
         spec_metrics.publish_hybrid(stats)
-
-
-def hybrid_worker_class(kind: str) -> type:
-    """The HYBRID worker class for a draft kind (``draft_kind``)."""
-    if kind == "standalone":
-        from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
-
-        base: type = StandaloneWorkerV2
-    else:
-        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-
-        base = EAGLEWorkerV2
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        base.__init__(self, *args, **kwargs)
-        self._init_hybrid()
-
-    name = {"standalone": "HybridStandaloneWorker", "eagle": "HybridEagleWorker",
-            "eagle3": "HybridEagle3Worker"}[kind]  # fmt: skip
-    return type(name, (HybridMixin, base), {"__init__": __init__, "__module__": __name__})

@@ -54,6 +54,10 @@ ACCEPT_TARGET = f"{_STREAMER}._GenerationStreamAccumulator.accept"
 REQUEST_LEVEL_TARGET = f"{_STREAMER}.SchedulerOutputStreamer.is_request_level_customized_info_key"
 META_TARGET = f"{_HOST}.managers.tokenizer_manager.TokenizerManager.update_request_meta_info"
 VERIFY_TARGET = f"{_HOST}.speculative.eagle_worker_v2.EAGLEWorkerV2.verify"
+DECODE_RESULT_TARGET = (
+    f"{_HOST}.managers.scheduler_components.batch_result_processor."
+    "SchedulerBatchResultProcessor.process_batch_result_decode"
+)
 
 #: name suffix -> (type, extra label names, documentation)
 SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -333,6 +337,30 @@ def _after_verify(result: Any, worker: Any, batch: Any, *_a: Any, **_k: Any) -> 
     return None
 
 
+def _before_decode_result(_processor: Any, *args: Any, **kwargs: Any) -> None:
+    """HYBRID: each request's winning source and the tokens it committed, counted where
+    the scheduler reads a decode step's results on the host (after the host's own wait
+    for their copy), so the worker never reads its accept lengths inside a step."""
+    batch = kwargs.get("batch", args[0] if args else None)
+    result = kwargs.get("result", args[1] if len(args) > 1 else None)
+    sources = getattr(result, "spec_ext_sources", None)
+    if not sources or batch is None:
+        return None
+    try:
+        if result.copy_done is not None:
+            result.copy_done.synchronize()  # what the host does first, a no-op after
+        lens = result.accept_lens.tolist()  # the host's copy, on the host by now
+        if len(lens) == len(sources) == len(batch.reqs):
+            # not a request an earlier step finished (overlap ran one step past it)
+            live = [i for i, req in enumerate(batch.reqs) if not req.finished()]
+            note_sources(
+                [batch.reqs[i] for i in live], [sources[i] for i in live], [lens[i] for i in live]
+            )
+    except Exception:  # noqa: BLE001 - figures must never stop the server
+        logger.exception("sglang-spec-ext: could not count HYBRID's per-request sources")
+    return None
+
+
 def install_metrics() -> list[str]:
     """Register the hooks (idempotent); return the installed name."""
     from sglang.srt.plugins.hook_registry import HookType
@@ -346,6 +374,7 @@ def install_metrics() -> list[str]:
             (REQUEST_LEVEL_TARGET, _request_level, HookType.AROUND),
             (META_TARGET, _after_meta_info, HookType.AFTER),
             (VERIFY_TARGET, _after_verify, HookType.AFTER),
+            (DECODE_RESULT_TARGET, _before_decode_result, HookType.BEFORE),
         ]
     )
     return ["metrics"]

@@ -116,7 +116,7 @@ def validate_server_args(args: Any) -> None:
             f"--speculative-algorithm {algo} cannot start:\n  - " + "\n  - ".join(problems)
         )
     if algo == HYBRID:
-        from sglang_spec_ext.sglang.hybrid_worker import draft_kind
+        from sglang_spec_ext.sglang.hybrid_draft import draft_kind
 
         # Resolved once, here in the launcher; the scheduler processes inherit it.
         kind = draft_kind(
@@ -177,18 +177,28 @@ def _scheduling_defaults(algo: str, args: Any) -> None:
     args.enable_mixed_chunk = False
 
 
+def _cpu_overlap_policy(algo: str, args: Any) -> None:
+    """The host has no overlap scheduling for speculative decoding on CPU: turn it off
+    there unless SGLANG_SPEC_EXT_CPU_OVERLAP=1 emulates it (cpu_overlap.py)."""
+    device = str(_get(args, "device") or "cuda").split(":", 1)[0]
+    if device != "cpu" or _get(args, "disable_overlap_schedule"):
+        return
+    from sglang_spec_ext.sglang.cpu_overlap import ENV, cpu_overlap_requested
+
+    if cpu_overlap_requested():
+        logger.warning("%s on CPU: overlap scheduling kept on (%s=1).", algo, ENV)
+    else:
+        args.disable_overlap_schedule = True
+        logger.warning("%s on CPU: overlap scheduling turned off (host limitation).", algo)
+
+
 def handle_hybrid_server_args(algo: str, args: Any) -> None:
     """Host hook ``handle_server_args`` for HYBRID: the host's model-draft settings
     (as its STANDALONE/EAGLE handling resolves them) plus what HYBRID needs."""
-    # HYBRID stays non-overlapped on every device, SGLANG_SPEC_EXT_CPU_OVERLAP included:
-    # its overlap support is a separate piece of work.
-    if not _get(args, "disable_overlap_schedule"):
-        args.disable_overlap_schedule = True
-        logger.warning(
-            "%s: overlap scheduling turned off (the suffix drafter reads committed tokens "
-            "from the request, which lag one step under overlap).",
-            algo,
-        )
+    # HYBRID keeps overlap scheduling (the host's default for its V2 model-draft workers):
+    # its suffix sessions take committed tokens from the worker's own outputs
+    # (hybrid_commits.py). On CPU the host has no overlap for speculative decoding.
+    _cpu_overlap_policy(algo, args)
     _scheduling_defaults(algo, args)
     steps = _get(args, "speculative_num_steps")
     topk = _get(args, "speculative_eagle_topk")
@@ -224,18 +234,9 @@ def handle_hybrid_server_args(algo: str, args: Any) -> None:
 def handle_server_args(algo: str, args: Any) -> None:
     """Host hook ``handle_server_args``: set every field the NGRAM-shaped path needs."""
     config = plugin_config()
-    device = str(_get(args, "device") or "cuda").split(":", 1)[0]
     # SUFFIX keeps overlap scheduling (the GPU default): its drafter splices the relayed
-    # accepted tokens as the host's NGRAM does. The host has no overlap for speculative
-    # decoding on CPU; SGLANG_SPEC_EXT_CPU_OVERLAP=1 emulates it there (cpu_overlap.py).
-    if device == "cpu" and not _get(args, "disable_overlap_schedule"):
-        from sglang_spec_ext.sglang.cpu_overlap import ENV, cpu_overlap_requested
-
-        if cpu_overlap_requested():
-            logger.warning("%s on CPU: overlap scheduling kept on (%s=1).", algo, ENV)
-        else:
-            args.disable_overlap_schedule = True
-            logger.warning("%s on CPU: overlap scheduling turned off (host limitation).", algo)
+    # accepted tokens as the host's NGRAM does.
+    _cpu_overlap_policy(algo, args)
     _scheduling_defaults(algo, args)
 
     width = _get(args, "speculative_num_draft_tokens")

@@ -50,7 +50,8 @@ def write_trees(
     """Write trees into the requests ``rows`` of the verify input ``vi``.
 
     ``tokens[b]`` ([bs, W], root first, padding included) and ``masks[b]`` ([bs, W, W]
-    ancestor masks) describe request ``b``'s tree; ``seq_lens`` are the whole batch's
+    ancestor masks) describe request ``b``'s tree (its root token is not written: the
+    host's root, the request's last committed token, stays); ``seq_lens`` are the whole batch's
     committed lengths. ``spec_steps`` is raised to the deepest tree written (the host
     sizes its accepted-path rows by it).
     """
@@ -64,9 +65,12 @@ def write_trees(
     for i, (row, m) in enumerate(zip(rows, sel_masks, strict=True)):
         parents = tree_from_ancestor_mask(tokens[row], m).parents
         nt[i], ns[i] = retrieve_links(parents, width)
-    depth = torch.from_numpy(sel_masks.sum(-1) - 1).to(device)
+    depth_host = sel_masks.sum(-1) - 1  # [k, W] on the host: no device read below
+    depth = torch.from_numpy(depth_host).to(device)
     flat = (which[:, None] * width + torch.arange(width, device=device)).reshape(-1)
-    vi.draft_token.view(-1)[flat] = torch.from_numpy(tokens[rows].reshape(-1)).to(
+    # the root (column 0) stays the host's: the request's last committed token
+    nodes = (which[:, None] * width + torch.arange(1, width, device=device)).reshape(-1)
+    vi.draft_token.view(-1)[nodes] = torch.from_numpy(tokens[rows][:, 1:].reshape(-1)).to(
         device=device, dtype=vi.draft_token.dtype
     )
     vi.positions.view(-1)[flat] = (
@@ -80,6 +84,6 @@ def write_trees(
     )
     write_tree_mask(vi.custom_mask, torch.from_numpy(sel_masks).to(device), seq_lens, mask_mode,
                     which)  # fmt: skip
-    deepest = int(depth.max())
+    deepest = int(depth_host.max())
     if deepest > vi.spec_steps:
         vi.spec_steps = deepest

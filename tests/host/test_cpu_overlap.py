@@ -2,8 +2,8 @@
 
 Off (the default) nothing changes: no hook is registered and the host's own argument
 resolution turns overlap off for speculative decoding on CPU, for its algorithms and
-ours. On (CPU engine), overlap stays on for SUFFIX, NGRAM and STANDALONE but not for
-HYBRID; the stand-in for the host's Triton relay gather returns what the host's
+ours. On (CPU engine), overlap stays on for SUFFIX, NGRAM, STANDALONE and HYBRID; the
+stand-in for the host's Triton relay gather returns what the host's
 kernel returns (run in Triton's CPU interpreter); the overlap trace counts what a
 test reads from the log.
 """
@@ -103,7 +103,7 @@ def test_switch_off_changes_nothing(model_dir):
     assert res["overlap_off"] == {"SUFFIX": True, "NGRAM": True, "STANDALONE": True, "HYBRID": True}
 
 
-def test_switch_on_keeps_overlap_except_for_hybrid(model_dir):
+def test_switch_on_keeps_overlap_for_every_algorithm(model_dir):
     res = _resolve(model_dir, "1")
     assert res["hooks"] == TARGETS
     assert res["gather_wrapped"] is True
@@ -112,7 +112,7 @@ def test_switch_on_keeps_overlap_except_for_hybrid(model_dir):
         "SUFFIX": False,
         "NGRAM": False,
         "STANDALONE": False,
-        "HYBRID": True,  # HYBRID stays non-overlapped (separate work)
+        "HYBRID": False,  # its suffix sessions read the worker's own outputs
     }
 
 

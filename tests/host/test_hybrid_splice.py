@@ -93,7 +93,7 @@ def test_suffix_tree_with_padding_and_deeper_than_the_host_steps():
     parents = [-1, 0, 1, 2]
     tokens = np.zeros((bs, n), dtype=np.int64)
     masks = np.zeros((bs, n, n), dtype=bool)
-    tokens[1, :5] = [vi.draft_token[n].item(), 11, 12, 13, 14]
+    tokens[1, :5] = [999, 11, 12, 13, 14]  # the root is not written: the host's stays
     masks[1] = tree_mask(parents, n)
     write_trees(vi, seq_lens, [1], tokens, masks, ops.QLEN_ONLY)
     assert vi.draft_token[n:].tolist() == [before.draft_token[n].item(), 11, 12, 13, 14, 0]

@@ -143,13 +143,36 @@ def test_hybrid_resolves_the_host_model_draft_settings(model_dir):
     assert v.speculative_algorithm == "HYBRID"
     assert (v.speculative_num_steps, v.speculative_eagle_topk) == (3, 1)
     assert v.speculative_num_draft_tokens == 4  # a topk-1 chain: steps + 1
-    assert v.disable_overlap_schedule is True and v.enable_mixed_chunk is False
+    assert v.disable_overlap_schedule is True and v.enable_mixed_chunk is False  # CPU engine
     assert os.environ[HYBRID_KIND_ENV] == "standalone"  # a plain causal LM draft
     v = resolve_hybrid(model_dir, "--speculative-draft-model-path", model_dir,
                        "--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
                        "--speculative-num-draft-tokens", "6")  # fmt: skip
     assert (v.speculative_num_steps, v.speculative_eagle_topk) == (2, 2)
     assert v.speculative_num_draft_tokens == 6
+
+
+def test_hybrid_keeps_overlap_scheduling_on_a_gpu_and_on_cpu_when_asked(monkeypatch):
+    """The host's hook for HYBRID: overlap stays on (the GPU default for its V2 model-draft
+    workers); on the CPU engine only with the overlap emulation switched on."""
+    from types import SimpleNamespace
+
+    from sglang_spec_ext.sglang.cpu_overlap import ENV
+    from sglang_spec_ext.sglang.server_args import handle_hybrid_server_args
+
+    def handled(device: str):
+        args = SimpleNamespace(device=device, disable_overlap_schedule=False,
+                               speculative_num_steps=None, speculative_eagle_topk=None,
+                               speculative_num_draft_tokens=None, max_running_requests=8,
+                               enable_mixed_chunk=False, page_size=1, attention_backend=None)  # fmt: skip
+        handle_hybrid_server_args("HYBRID", args)
+        return args.disable_overlap_schedule
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert handled("cuda") is False
+    assert handled("cpu") is True
+    monkeypatch.setenv(ENV, "1")
+    assert handled("cpu") is False
 
 
 @pytest.mark.parametrize(
@@ -185,7 +208,7 @@ def _draft_config(model_dir, out_dir, architecture: str):
 
 @pytest.mark.parametrize("kind", [*DRAFT_ARCHITECTURES, "no architectures"])
 def test_hybrid_draft_kind_by_path_through_the_hosts_config(model_dir, tmp_path, kind):
-    from sglang_spec_ext.sglang.hybrid_worker import draft_kind
+    from sglang_spec_ext.sglang.hybrid_draft import draft_kind
 
     path = _draft_config(model_dir, tmp_path / "draft", DRAFT_ARCHITECTURES.get(kind, ""))
     if kind in DRAFT_ARCHITECTURES:
@@ -202,7 +225,7 @@ def test_hybrid_draft_kind_by_path_through_the_hosts_config(model_dir, tmp_path,
 #: offline switch from the environment when it is imported.
 _BY_ID = """
 import json, sys
-from sglang_spec_ext.sglang.hybrid_worker import draft_kind
+from sglang_spec_ext.sglang.hybrid_draft import draft_kind
 out = {}
 for name in sys.argv[1:]:
     try:

@@ -150,7 +150,7 @@ def _hybrid_rank(rank: int, group) -> dict:
     class Worker(HybridMixin):
         speculative_num_draft_tokens = width
 
-        def _decide(self, batch, verify_input):
+        def _decide(self, batch, verify_input, drafts, committed):
             if rank == 1:
                 raise IndexError("injected: rank 1's suffix drafter fails")
             tokens = np.arange(bs * width, dtype=np.int64).reshape(bs, width) + 100
@@ -166,12 +166,12 @@ def _hybrid_rank(rank: int, group) -> dict:
     w = object.__new__(Worker)
     w.hybrid = HybridState("learned")
     w._suffix = SimpleNamespace(_maybe_log_stats=lambda: None)
-    w._rids, w._first_prob, w._choice, w._hybrid_faults = set(), {}, [], 0
+    w._rids, w._choice, w._hybrid_faults = set(), [], 0
     w._tp = TpSync(group, src=0)
     batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")])
     choices = []
     for _ in range(3):
-        w._choose_and_splice(batch, verify_input=None)
+        w._choose_and_splice(batch, None, ([None, None], [0, 0]))
         choices.append(list(w._choice))
     return {"spliced": spliced, "choices": choices, "faults": w._hybrid_faults}
 

@@ -145,3 +145,56 @@ def test_state_learns_from_losing_drafts_and_reports_shares():
     assert state.estimator.table()[SUFFIX][0]["mean_accepted"] == 0.0
     state.finish("r")
     assert summary["pending_requests"] == 1 and len(state.ledger) == 0
+
+
+def test_max_expected_bounds_expected_over_every_lower_score():
+    est = GainEstimator()
+    for score, accepted in ((0.2, 3), (0.9, 0), (1.6, 1), (2.5, 2)):
+        for _ in range(20):
+            est.observe(MODEL, score, accepted)
+    for up_to in (0.0, 0.3, 1.0, 1.7, 2.9, 3.0):
+        grid = [up_to * i / 400 for i in range(401)]
+        brute = max(est.expected(MODEL, x) for x in grid)
+        assert est.max_expected(MODEL, up_to) >= brute - 1e-9, up_to
+        assert est.max_expected(MODEL, up_to) <= brute + 1e-3, up_to  # the sup of a bucket
+    # the low bucket's evidence (3 accepted) counts for a higher bound
+    assert est.max_expected(MODEL, 2.9) > est.expected(MODEL, 2.9)
+
+
+def test_suffix_wins_before_the_model_drafts_only_if_it_wins_whatever_the_model_drafts():
+    """The pre-draft decision never disagrees with choose() on any model draft the model
+    could make after a first token of that probability."""
+    import itertools
+
+    steps = 3
+    s = _chain(SUFFIX, [1, 2, 3], 1.2, match_len=5)
+    learned = HybridChooser("learned")
+    for score in (0.3, 1.0, 2.0, 2.9):
+        for _ in range(30):
+            learned.estimator.observe(MODEL, score, 1)
+            learned.estimator.observe(SUFFIX, score, 2)
+    grid = (0.05, 0.3, 0.6, 0.9, 1.0)
+    for first in grid:
+        early = learned.suffix_wins_before_model_drafts(s, first, steps)
+        for rest in itertools.product(grid, repeat=steps - 1):
+            m = _chain(MODEL, [7, 8, 9], chain_score([first, *rest]))
+            if early:
+                assert learned.choose(s, m) == SUFFIX, (first, rest)
+    assert learned.suffix_wins_before_model_drafts(s, 0.05, steps)  # a weak model start
+    strong = _chain(SUFFIX, [1], 0.01)
+    assert not learned.suffix_wins_before_model_drafts(strong, 0.05, steps)
+    assert not learned.suffix_wins_before_model_drafts(_chain(SUFFIX, [], 0.0), 0.0, steps)
+    assert HybridChooser("suffix").suffix_wins_before_model_drafts(_chain(SUFFIX, [], 0.0), 1, 3)
+    assert not HybridChooser("model").suffix_wins_before_model_drafts(s, 0.0, steps)
+    assert HybridChooser("arctic").suffix_wins_before_model_drafts(_chain(SUFFIX, [1], 3.0), 1, 3)
+    assert not HybridChooser("arctic").suffix_wins_before_model_drafts(s, 0.0, steps)
+    assert HybridChooser("match").suffix_wins_before_model_drafts(s, 1.0, steps)
+
+
+def test_taking_the_suffix_draft_ledgers_only_it():
+    state = HybridState("learned")
+    s = _chain(SUFFIX, [5, 6], 1.0)
+    assert state.take_suffix("r", 0, s) == SUFFIX
+    state.ledger.commit("r", [5, 6, 9])
+    assert [(b["seen"], b["mean_accepted"]) for b in state.estimator.table()[SUFFIX]] == [(1, 2)]
+    assert MODEL not in state.estimator.table()

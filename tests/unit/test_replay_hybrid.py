@@ -216,3 +216,23 @@ def test_interleave_alternates_and_relabels():
     mixed = interleave(a, b)
     assert [r.output_ids[0] for r in mixed] == [0, 10, 1, 11, 2]
     assert {r.set for r in mixed} == {"mixed"}
+
+
+def test_skipping_the_model_draft_where_the_suffix_wins_before_it():
+    """With ``skip_model`` the replay takes the suffix draft without a model draft
+    exactly where the pre-draft rule says it wins whatever the model drafts: on copy
+    requests (the model's first token at low confidence) most steps; never a loss of
+    committed tokens against choosing after the model drafted there."""
+    records = _two_kinds(24, copy_prob=0.05)
+    full = replay_hybrid(records, "learned", steps=5)
+    skip = replay_hybrid(records, "learned", steps=5, skip_model=True)
+    assert skip.overall.model_skipped > 0
+    assert full.overall.model_skipped == 0
+    assert sum(map(sum, skip.commits)) == sum(map(sum, full.commits))  # every output token
+    share = skip.overall.summary()["model_skipped_share"]
+    print(f"\nsteps with no model draft: {share:.1%}; accept length "
+          f"{full.overall.summary()['accept_len']:.3f} -> {skip.overall.summary()['accept_len']:.3f}")  # fmt: skip
+    assert skip.by_set["fresh"].model_skipped <= skip.by_set["copy"].model_skipped
+    always = replay_hybrid(records, SUFFIX, steps=5, skip_model=True)
+    assert always.overall.model_skipped == always.overall.steps  # the suffix policy never needs it
+    assert always.commits == replay_hybrid(records, SUFFIX, steps=5).commits
