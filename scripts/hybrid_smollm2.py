@@ -8,9 +8,12 @@ The workload mixes chat (MT-bench / ShareGPT first turns from the committed chat
 trace) and code edits (the README demo's), interleaved, sent together. Prints and
 writes (JSON) whether each server's greedy output equals plain serving, the accept
 length the host reports (committed tokens per verify step), and HYBRID's per-source
-shares from its log.
+shares from its log, in each serving mode of the CPU test bed: eager, overlap
+scheduling (``SGLANG_SPEC_EXT_CPU_OVERLAP=1``) and graph runners with overlap
+(``SGLANG_SPEC_EXT_CPU_GRAPHS=1`` too).
 
     .venv/bin/python scripts/hybrid_smollm2.py [--per-kind 4] [--max-new-tokens 48]
+        [--modes eager,overlap,graphs]
 """
 
 from __future__ import annotations
@@ -67,14 +70,50 @@ def hybrid_shares(log_path: Path) -> dict | None:
     return {"by_source": stats["by_source"], "learned": stats["learned"]}
 
 
+#: Serving modes of the CPU test bed: (environment, extra server args).
+MODES = {
+    "eager": ({"SGLANG_SPEC_EXT_CPU_OVERLAP": "0", "SGLANG_SPEC_EXT_CPU_GRAPHS": "0"}, []),
+    "overlap": ({"SGLANG_SPEC_EXT_CPU_OVERLAP": "1", "SGLANG_SPEC_EXT_CPU_GRAPHS": "0"}, []),
+    "graphs": ({"SGLANG_SPEC_EXT_CPU_OVERLAP": "1", "SGLANG_SPEC_EXT_CPU_GRAPHS": "1"},
+               ["--cuda-graph-bs-decode", "1", "2", "4", "8"]),
+}  # fmt: skip
+
+
+def summarize(cases: list, runs: dict[str, list[dict]]) -> dict:
+    base = runs["plain"]
+    summary = {}
+    for name, rows in runs.items():
+        per_kind = {}
+        for kind in ("chat", "code-edit"):
+            sel = [r for (k, _), r in zip(cases, rows, strict=True) if k == kind]
+            tokens, steps = sum(r["tokens"] for r in sel), sum(r["verify_steps"] for r in sel)
+            per_kind[kind] = tokens / steps if steps else None
+        tokens, steps = sum(r["tokens"] for r in rows), sum(r["verify_steps"] for r in rows)
+        summary[name] = {
+            "identical_to_plain": all(
+                a["output_ids"] == b["output_ids"] for a, b in zip(rows, base, strict=True)
+            ),
+            "accept_length": tokens / steps if steps else None,
+            "accept_length_by_kind": per_kind,
+            "tokens": tokens,
+        }
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--per-kind", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--modes", default="eager,overlap,graphs",
+                    help=f"comma-separated, of {', '.join(MODES)}")  # fmt: skip
     ap.add_argument("--json", default=str(REPO / "benchmarks/results/hybrid_smollm2.json"))
     args = ap.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        ap.error(f"--modes {args.modes!r}: expected a comma-separated subset of {list(MODES)}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
+    from tqdm import tqdm
     from transformers import AutoTokenizer
 
     from sglang_spec_ext.demo_model import ensure_smollm2_dir, ensure_smollm2_draft
@@ -93,64 +132,62 @@ def main(argv: list[str] | None = None) -> int:
         "HYBRID": (["--speculative-algorithm", "HYBRID", *draft],
                    {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}),
     }  # fmt: skip
-    runs, shares = {}, None
-    for name, (extra, env) in configs.items():
-        print(f"[hybrid] {name} ...", file=sys.stderr)
-        server = serve(model, extra, name.lower())
-        server.env.update(env)
+    by_mode: dict[str, dict] = {}
+    jobs = [(mode, name) for mode in modes for name in configs]
+    runs: dict[str, dict[str, list[dict]]] = {mode: {} for mode in modes}
+    shares: dict[str, dict | None] = {}
+    for mode, name in tqdm(jobs, desc="servers", unit="server"):
+        extra, env = configs[name]
+        mode_env, mode_args = MODES[mode]
+        server = serve(model, [*extra, *mode_args], f"{name.lower()}-{mode}")
+        server.env.update({**env, **mode_env})
         with server:
             run(server, [prompts[0][:8]], 4)  # warm-up
-            runs[name] = run_all(server, prompts, args.max_new_tokens)
+            runs[mode][name] = run_all(server, prompts, args.max_new_tokens)
             if name == "HYBRID":
-                shares = hybrid_shares(server.log_path)
-    base = runs["plain"]
-    summary = {}
-    for name, rows in runs.items():
-        per_kind = {}
-        for kind in ("chat", "code-edit"):
-            sel = [r for (k, _), r in zip(cases, rows, strict=True) if k == kind]
-            tokens, steps = sum(r["tokens"] for r in sel), sum(r["verify_steps"] for r in sel)
-            per_kind[kind] = tokens / steps if steps else None
-        tokens, steps = sum(r["tokens"] for r in rows), sum(r["verify_steps"] for r in rows)
-        summary[name] = {
-            "identical_to_plain": all(
-                a["output_ids"] == b["output_ids"] for a, b in zip(rows, base, strict=True)
-            ),
-            "accept_length": tokens / steps if steps else None,
-            "accept_length_by_kind": per_kind,
-            "tokens": tokens,
+                shares[mode] = hybrid_shares(server.log_path)
+    for mode in modes:
+        summary = summarize(cases, runs[mode])
+        best_single = max(summary[n]["accept_length"] for n in ("SUFFIX", "STANDALONE"))
+        by_mode[mode] = {
+            "results": summary,
+            "hybrid_vs_best_single": summary["HYBRID"]["accept_length"] / best_single,
+            "hybrid_sources": shares.get(mode),
         }
-    best_single = max(summary[n]["accept_length"] for n in ("SUFFIX", "STANDALONE"))
-    ratio = summary["HYBRID"]["accept_length"] / best_single
     result = {
         "what": "SmolLM2-135M-Instruct target, 14+8-layer truncated draft, SGLang CPU engine, "
-        "greedy, all requests sent together; steps 3, topk 1, verify width 4",
+        "greedy, all requests sent together; steps 3, topk 1, verify width 4; per serving "
+        "mode of the CPU test bed (eager; SGLANG_SPEC_EXT_CPU_OVERLAP=1; that plus "
+        "SGLANG_SPEC_EXT_CPU_GRAPHS=1 with decode graphs for batch sizes 1, 2, 4, 8)",
         "machine": machine_info(),
         "parameters": {
             "per_kind": args.per_kind,
             "max_new_tokens": args.max_new_tokens,
             "requests": len(prompts),
+            "modes": modes,
         },  # fmt: skip
-        "results": summary,
-        "hybrid_vs_best_single": ratio,
-        "hybrid_sources": shares,
+        "modes": by_mode,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'server':<12}{'accept len':>11}{'chat':>7}{'code-edit':>10}{'identical':>11}")
-    for name, row in summary.items():
-        k = row["accept_length_by_kind"]
-        print(f"{name:<12}{(row['accept_length'] or 1.0):>11.2f}{(k['chat'] or 1.0):>7.2f}"
-              f"{(k['code-edit'] or 1.0):>10.2f}"
-              f"{'yes' if row['identical_to_plain'] else 'NO':>11}")  # fmt: skip
-    if shares:
-        by = shares["by_source"]
-        print("HYBRID steps from suffix / model: "
-              f"{by['suffix']['step_share']:.0%} / {by['model']['step_share']:.0%}; committed "
-              f"tokens {by['suffix']['token_share']:.0%} / {by['model']['token_share']:.0%}")  # fmt: skip
-    print(f"HYBRID / best of SUFFIX and STANDALONE: {ratio:.3f}x")
+    print(f"{'mode':<9}{'server':<12}{'accept len':>11}{'chat':>7}{'code-edit':>10}"
+          f"{'identical':>11}")  # fmt: skip
+    for mode, res in by_mode.items():
+        for name, row in res["results"].items():
+            k = row["accept_length_by_kind"]
+            print(f"{mode:<9}{name:<12}{(row['accept_length'] or 1.0):>11.2f}"
+                  f"{(k['chat'] or 1.0):>7.2f}{(k['code-edit'] or 1.0):>10.2f}"
+                  f"{'yes' if row['identical_to_plain'] else 'NO':>11}")  # fmt: skip
+    for mode, res in by_mode.items():
+        by = (res["hybrid_sources"] or {}).get("by_source", {})
+        if by:
+            print(f"{mode}: HYBRID steps from suffix / model: "
+                  f"{by['suffix']['step_share']:.0%} / {by['model']['step_share']:.0%}")  # fmt: skip
+        print(f"{mode}: HYBRID / best of SUFFIX and STANDALONE: "
+              f"{res['hybrid_vs_best_single']:.3f}x")  # fmt: skip
     print(f"JSON: {args.json}")
-    return 0 if all(r["identical_to_plain"] for r in summary.values()) else 1
+    ok = all(r["identical_to_plain"] for res in by_mode.values() for r in res["results"].values())
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

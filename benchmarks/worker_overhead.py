@@ -1,0 +1,163 @@
+#!/usr/bin/env python
+"""Worker overhead: host-side time per decode step outside the model forwards.
+
+SUFFIX, HYBRID, the host's NGRAM and the host's STANDALONE side by side in one run, at
+verify width 16, on the SGLang CPU engine (eager, no overlap: forwards run to completion
+before they return, so a step's time minus its forwards' time is the worker's host-side
+time). Each server runs with ``benchmarks/overhead_site`` on its PYTHONPATH, which times
+every decode call of the worker's ``forward_batch_generation`` and every
+``ModelRunner.forward`` inside it (target verify, draft steps, draft extend) per batch
+size. The model is the tests' tiny random Llama (2 layers, hidden 64, built locally):
+overhead outside the forwards does not depend on the model's size, and batch 256 at
+width 16 stays cheap. STANDALONE and HYBRID draft with its first layer (3 steps, topk
+4: a tree of up to 16 tokens, as SUFFIX's and NGRAM's at width 16).
+
+At each batch size ``bs`` (1, 16, 64, 256) ``bs`` greedy requests are sent together
+(prompts mixing repeated code and prose, so the suffix drafter and NGRAM find matches;
+``--max-new-tokens`` each); only steps that ran at exactly ``bs`` requests count. The
+table gives milliseconds per decode step outside the forwards, and the ratio to NGRAM.
+
+    .venv/bin/python benchmarks/worker_overhead.py [--max-new-tokens 32] [--sizes 1,16,64,256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import requests
+from tqdm import tqdm
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
+from sglang_spec_ext.machine import machine_info  # noqa: E402
+from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
+
+SITE = REPO / "benchmarks" / "overhead_site"
+MARK = "sglang-spec-ext bench step times:"
+WIDTH = 16
+TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+        "--speculative-num-draft-tokens", str(WIDTH)]  # fmt: skip
+TEXTS = [
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n" * 2,
+    "The quick brown fox jumps over the lazy dog. The dog sleeps. " * 2,
+    ", ".join(str(i) for i in range(24)),
+    "Please summarise the following notes: the build failed, the test passed, the build",
+]
+
+
+def configs(draft: Path) -> dict[str, list[str]]:
+    model_draft = ["--speculative-draft-model-path", str(draft), *TREE]
+    return {
+        "NGRAM": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(WIDTH)],
+        "SUFFIX": ["--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens",
+                   str(WIDTH)],
+        "STANDALONE": ["--speculative-algorithm", "STANDALONE", *model_draft],
+        "HYBRID": ["--speculative-algorithm", "HYBRID", *model_draft],
+    }  # fmt: skip
+
+
+def step_times(log_path: Path) -> dict[int, list[float]]:
+    """bs -> [steps, step seconds, forward seconds] from the last line of the log."""
+    lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if MARK in ln]
+    if not lines:
+        return {}
+    return {int(k): v for k, v in json.loads(lines[-1].split(MARK, 1)[1]).items()}
+
+
+def send(server: LaunchedServer, prompts: list[list[int]], max_new: int) -> None:
+    def one(ids: list[int]) -> None:
+        payload = {"input_ids": ids, "sampling_params": {
+            "max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+        requests.post(server.url + "/generate", json=payload, timeout=1800).raise_for_status()
+
+    with cf.ThreadPoolExecutor(min(len(prompts), 64)) as pool:
+        list(pool.map(one, prompts))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--sizes", default="1,16,64,256")
+    ap.add_argument("--json", default=str(REPO / "benchmarks/results/worker_overhead.json"))
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    if not sizes or min(sizes) < 1 or max(sizes) > 512:
+        ap.error(f"--sizes {args.sizes!r}: batch sizes from 1 to 512")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    from transformers import AutoTokenizer
+
+    from sglang_spec_ext.testing_models import build_tiny_llama, build_truncated_draft
+
+    work = Path(tempfile.mkdtemp(prefix="worker-overhead-"))
+    model = build_tiny_llama(work / "tiny", seed=0)
+    draft = build_truncated_draft(model, work / "draft", 1)
+    tok = AutoTokenizer.from_pretrained(model)
+    base = [tok(t)["input_ids"] for t in TEXTS]
+    total = max(sizes) * (max(len(b) for b in base) + args.max_new_tokens + 2 * WIDTH + 8)
+    common = ["--max-running-requests", str(max(sizes)), "--max-total-tokens", str(total + 4096),
+              "--cuda-graph-max-bs", str(max(sizes)), "--random-seed", "0"]  # fmt: skip
+    env = {**cpu_serving_env(), "SPEC_EXT_BENCH_STEP_TIMES": "1",
+           "SGLANG_SPEC_EXT_CPU_OVERLAP": "0", "SGLANG_SPEC_EXT_CPU_GRAPHS": "0"}  # fmt: skip
+    results: dict[str, dict[str, dict]] = {}
+    jobs = [(name, bs) for name in configs(draft) for bs in sizes]
+    bar = tqdm(total=len(jobs), desc="worker overhead", unit="job")
+    for name, extra in configs(draft).items():
+        server = LaunchedServer(str(model), with_cpu_defaults([*common, *extra]), env=env,
+                                pythonpath=[str(SITE)], name=f"overhead-{name.lower()}")  # fmt: skip
+        # the CPU-serving site directory must come first (it runs ours next)
+        server.env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(SITE)])
+        results[name] = {}
+        with server:
+            send(server, [base[0][:8]], 4)  # warm-up
+            for bs in sizes:
+                before = step_times(server.log_path).get(bs, [0, 0.0, 0.0])
+                prompts = [base[i % len(base)] + [100 + i % 50] for i in range(bs)]
+                send(server, prompts, args.max_new_tokens)
+                send(server, [base[1][:6]], 2 * 20)  # flush the counter line (every 20 steps)
+                after = step_times(server.log_path).get(bs, [0, 0.0, 0.0])
+                steps, step_s, fwd_s = (a - b for a, b in zip(after, before, strict=True))
+                results[name][str(bs)] = {
+                    "steps": int(steps),
+                    "step_ms": 1e3 * step_s / steps if steps else None,
+                    "forward_ms": 1e3 * fwd_s / steps if steps else None,
+                    "overhead_ms": 1e3 * (step_s - fwd_s) / steps if steps else None,
+                }
+                bar.update()
+    bar.close()
+    out = {
+        "what": "host-side time per decode step outside the model forwards (step time minus "
+        "ModelRunner.forward time inside it), SGLang CPU engine, eager, no overlap; tiny "
+        f"random Llama target, 1-layer draft; verify width {WIDTH}; greedy, bs requests sent "
+        "together, only steps at exactly bs requests counted",
+        "machine": machine_info(),
+        "parameters": {"sizes": sizes, "max_new_tokens": args.max_new_tokens, "width": WIDTH,
+                       "model_draft_shape": TREE},  # fmt: skip
+        "results": results,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    print(f"\nms per decode step outside the model forwards (x NGRAM); {out['what']}")
+    print(f"{'bs':>5}" + "".join(f"{n:>20}" for n in results))
+    for bs in sizes:
+        ref = results["NGRAM"][str(bs)]["overhead_ms"]
+        cells = []
+        for name in results:
+            v = results[name][str(bs)]["overhead_ms"]
+            cells.append("-" if v is None else f"{v:8.2f} ({v / ref:4.2f}x)" if ref else f"{v:8.2f}")
+        print(f"{bs:>5}" + "".join(f"{c:>20}" for c in cells))
+    print(f"JSON: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
