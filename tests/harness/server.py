@@ -8,6 +8,7 @@ file, and is always torn down (the whole group) by :meth:`CPUServer.stop`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -40,6 +41,45 @@ def cpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("SGLANG_SPEC_EXT_DRAFT_GATE", "0")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.update(extra or {})
+    return env
+
+
+#: The host's crash diagnostics (a py-spy dump and a CUDA core dump of live schedulers;
+#: neither exists on this machine) make the launcher sleep 5 s whenever a scheduler dies
+#: first, which :meth:`CPUServer.stop`'s SIGTERM to the process group always causes. The
+#: test servers skip them; a test of the product's shutdown path sets them back to the
+#: host's default (``"1"``).
+NO_CRASH_DIAGNOSTICS_ENV = {
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+    "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
+}
+
+#: The host's model modules the tests serve: Llama (the tiny model, its truncated
+#: drafts, SmolLM2) and the host's Llama EAGLE heads.
+SERVED_MODEL_MODULES = frozenset({"llama", "llama_eagle", "llama_eagle3"})
+
+
+def unserved_model_modules() -> str:
+    """Every other module of the host's ``sglang/srt/models``, comma-separated, for
+    ``SGLANG_DISABLED_MODEL_ARCHS``: each scheduler otherwise imports all of them (about
+    250) to build its model registry, 1-2 s of every server start here."""
+    spec = importlib.util.find_spec("sglang")  # finds the package without importing it
+    if spec is None or spec.origin is None:
+        return ""
+    models = Path(spec.origin).parent / "srt" / "models"
+    names = {p.stem for p in models.glob("*.py")} - SERVED_MODEL_MODULES - {"__init__"}
+    return ",".join(sorted(names))
+
+
+def quick_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """:func:`cpu_server_env` for a test server: also without the host's crash
+    diagnostics and its scan of model modules the tests do not serve (start-up and
+    shutdown work that nothing the tests check depends on); ``extra`` wins."""
+    quick = {**NO_CRASH_DIAGNOSTICS_ENV, "SGLANG_DISABLED_MODEL_ARCHS": unserved_model_modules()}
+    env = cpu_server_env()
+    for key, value in quick.items():
+        env.setdefault(key, value)  # a setting of the caller's environment wins
     env.update(extra or {})
     return env
 
@@ -100,7 +140,7 @@ class CPUServer:
             "--sleep-on-idle",
             *extra_args,
         ]
-        self.env = cpu_server_env(env)
+        self.env = quick_server_env(env)
         if "--speculative-algorithm" in self.args:  # pytest --gpu-path (tests/conftest.py)
             for key, value in GPU_PATH_ENV[os.environ.get("SPEC_EXT_TEST_GPU_PATH", "off")].items():
                 self.env.setdefault(key, value)  # a test's own setting wins
