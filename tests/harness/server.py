@@ -3,12 +3,14 @@
 The server runs in its own process group on a free loopback port, set up for CPU
 serving as ``sglang-spec-ext serve-cpu`` does (the product's placeholder modules,
 :mod:`sglang_spec_ext.sglang.cpu_placeholders`, installed through its PYTHONPATH), logs to a
-file, and is always torn down (the whole group) by :meth:`CPUServer.stop`.
+file, and is always torn down (the whole group) by :meth:`CPUServer.stop`. Test servers skip
+two pieces of host start-up and shutdown work no test checks (:func:`quick_server_env`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import importlib.util
 import os
 import signal
@@ -62,6 +64,7 @@ NO_CRASH_DIAGNOSTICS_ENV = {
 SERVED_MODEL_MODULES = frozenset({"llama", "llama_eagle", "llama_eagle3"})
 
 
+@functools.cache
 def unserved_model_modules() -> str:
     """Every other module of the host's ``sglang/srt/models``, comma-separated, for
     ``SGLANG_DISABLED_MODEL_ARCHS``: each scheduler otherwise imports all of them (about
