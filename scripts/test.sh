@@ -9,6 +9,8 @@ bash scripts/setup_env.sh
 # fixtures stay in one process), costliest e2e modules first (tests/conftest.py). Most of
 # the end-to-end time is server start-up, mostly CPU-bound host imports in three processes
 # per server; two processes fill the cores' idle gaps (measured on 2 cores: 61 -> 50
-# minutes); four were no faster and took 22 of 24 GiB of memory.
+# minutes); four were no faster and took 22 of 24 GiB of memory. --no-loadscope-reorder:
+# xdist otherwise hands out files by their number of tests, most first, which put the
+# one-test e2e modules (SmolLM2, the soak: minutes each) at the end of the run.
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=40 \
-  -n "${SPEC_EXT_TEST_WORKERS:-2}" --dist loadfile "$@" tests
+  -n "${SPEC_EXT_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@" tests

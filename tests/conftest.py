@@ -41,7 +41,8 @@ from tests.harness.skip_policy import (  # noqa: E402
 #: suite runs its files in parallel processes (scripts/test.sh); starting these first keeps
 #: the run from ending on one long module while the other processes sit idle. Modules not
 #: listed keep their collection order after these (the other e2e modules, then host and
-#: unit tests, which fill the gaps).
+#: unit tests, which fill the gaps). xdist keeps this order only with
+#: ``--no-loadscope-reorder`` (scripts/test.sh); by default it sorts files by test count.
 COSTLIEST_FIRST = (
     "test_cpu_graphs_serving", "test_overlap_parity", "test_smollm2_serving",
     "test_lora_serving", "test_sampling_distribution", "test_context_limit",

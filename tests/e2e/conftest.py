@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.harness.server import CPUServer
+from tests.harness.server import CPUServer, ServerFactory
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -48,26 +47,14 @@ def weak_draft_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     return build_truncated_draft(tiny_model_dir, tmp_path_factory.mktemp("draft") / "l1", 1)
 
 
-def _server_factory(log_dir: Path) -> Iterator[Callable[..., CPUServer]]:
-    servers: list[CPUServer] = []
-
-    def _start(
-        model_dir: Path, *extra_args: str, env: dict[str, str] | None = None, **kwargs
-    ) -> CPUServer:
-        log = log_dir / f"server-{len(servers)}.log"
-        server = CPUServer(model_dir, extra_args, env=env, log_path=log, **kwargs)
-        servers.append(server)
-        return server.start()
-
-    yield _start
-    for server in servers:
-        server.stop()
-        if os.environ.get("SPEC_EXT_SHOW_SERVER_LOG"):
-            print(server.log_tail(200))
+def _server_factory(log_dir: Path) -> Iterator[ServerFactory]:
+    factory = ServerFactory(log_dir)
+    yield factory
+    factory.stop_all()
 
 
 @pytest.fixture
-def start_server(tmp_path: Path) -> Iterator[Callable[..., CPUServer]]:
+def start_server(tmp_path: Path) -> Iterator[ServerFactory]:
     """Factory: ``start_server(model_dir, *extra_args, env={...})``; stopped after the test."""
     yield from _server_factory(tmp_path)
 
@@ -75,7 +62,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., CPUServer]]:
 @pytest.fixture(scope="module")
 def start_module_server(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Callable[..., CPUServer]]:
+) -> Iterator[ServerFactory]:
     """Like ``start_server`` but the servers live until the test module ends."""
     yield from _server_factory(tmp_path_factory.mktemp("servers"))
 
@@ -83,7 +70,7 @@ def start_module_server(
 @pytest.fixture(scope="session")
 def _session_servers(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Callable[..., CPUServer]]:
+) -> Iterator[ServerFactory]:
     yield from _server_factory(tmp_path_factory.mktemp("session-servers"))
 
 

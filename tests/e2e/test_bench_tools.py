@@ -9,37 +9,22 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from sglang_spec_ext.cli import main
-from tests.harness.server import CPUServer
 from tests.unit.test_bench_fake_server import FakeServer
 
 SUFFIX_ARGS = ("--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", "8")
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_model_dir, tmp_path_factory):
-    """Baseline and SUFFIX servers, started side by side (start-up is mostly waiting).
-
-    The harness arms PR_SET_PDEATHSIG, which fires when the *thread* that started a
-    server exits, so the pool's threads stay alive until the module ends."""
-    logs = tmp_path_factory.mktemp("bench-servers")
-    pair = [
-        CPUServer(tiny_model_dir, args, log_path=logs / f"{name}.log", max_total_tokens=4096)
-        for name, args in (("baseline", ()), ("suffix", SUFFIX_ARGS))
-    ]
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            for fut in [pool.submit(s.start) for s in pair]:
-                fut.result()
-            yield pair
-    finally:
-        for server in pair:
-            server.stop()
+def servers(tiny_model_dir, tiny_baseline_server, start_module_server):
+    """Baseline (the session's plain server: no state a bench run could disturb) and
+    SUFFIX servers."""
+    spec = start_module_server(tiny_model_dir, *SUFFIX_ARGS, max_total_tokens=4096)
+    return tiny_baseline_server, spec
 
 
 def test_bench_baseline_vs_suffix(servers, tmp_path: Path, capsys) -> None:

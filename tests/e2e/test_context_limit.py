@@ -21,6 +21,7 @@ import os
 import pytest
 
 from sglang_spec_ext.soak import ServerHandle, build_workload, plain_answers, soak
+from tests.harness.server import CPUServer, ServerConfig
 
 CONTEXT = 256
 WIDTH = 16
@@ -54,27 +55,28 @@ def workload(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def plain(tiny_model_dir, start_module_server, workload):
+def servers(tiny_model_dir, start_module_server) -> dict[str, CPUServer]:
+    """The plain server and one server per algorithm, started side by side (each test
+    uses its own algorithm's server only; an idle server sleeps, ``--sleep-on-idle``)."""
+    fixes = {"SGLANG_SPEC_EXT_HOST_FIXES": os.environ.get("SPEC_EXT_TEST_HOST_FIXES", "1")}
+    configs = {"plain": ServerConfig(tiny_model_dir, LIMITS)}
+    for name, (env, flags) in ALGORITHMS.items():
+        args = (*flags, "--speculative-num-draft-tokens", str(WIDTH), *LIMITS)
+        configs[name] = ServerConfig(tiny_model_dir, args, {**env, **fixes})
+    return start_module_server.start_all(configs)
+
+
+@pytest.fixture(scope="module")
+def plain(servers, workload):
     """A plain server at the same context length (the host clips max_new_tokens to the
     context, so answers are compared at equal limits), and its answers."""
-    server = start_module_server(tiny_model_dir, *LIMITS)
+    server = servers["plain"]
     return server, plain_answers(server.base_url, workload, concurrency=16, deadline_s=600)
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
-def test_requests_at_the_context_limit_leave_no_leak(
-    name, tiny_model_dir, plain, start_server, workload
-):
-    env, flags = ALGORITHMS[name]
-    env = {**env, "SGLANG_SPEC_EXT_HOST_FIXES": os.environ.get("SPEC_EXT_TEST_HOST_FIXES", "1")}
-    server = start_server(
-        tiny_model_dir,
-        *flags,
-        "--speculative-num-draft-tokens",
-        str(WIDTH),
-        *LIMITS,
-        env=env,
-    )
+def test_requests_at_the_context_limit_leave_no_leak(name, servers, plain, workload):
+    server = servers[name]
     assert sum(r.kind == "near_limit" for r in workload) >= 20
     handle = ServerHandle(server.base_url, server.log_path, lambda: server.proc.poll() is None)
     verdict, _ = soak(

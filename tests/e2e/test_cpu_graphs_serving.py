@@ -18,6 +18,7 @@ import re
 import pytest
 
 from sglang_spec_ext.sglang.cpu_graphs import CAPTURE_MESSAGE, ENV, REPLAY_MESSAGE
+from tests.harness.server import ServerConfig
 
 CAPTURE_BS = (1, 2, 4)
 NEW_TOKENS = 24
@@ -31,14 +32,25 @@ PROMPTS = [
 ]
 
 
+#: Verify width of the SUFFIX servers.
+WIDTH = 8
+
+
 @pytest.fixture(scope="module")
-def graph_server(tiny_model_dir, start_module_server):
-    return start_module_server(
-        tiny_model_dir,
-        "--cuda-graph-bs-decode",
-        *map(str, CAPTURE_BS),
-        env={ENV: "1"},
-    )
+def graph_servers(tiny_model_dir, start_module_server):
+    """The plain and the SUFFIX server with graphs on, started side by side."""
+    graphs = ("--cuda-graph-bs-decode", *map(str, CAPTURE_BS))
+    suffix = ("--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", str(WIDTH))
+    return start_module_server.start_all({
+        "plain": ServerConfig(tiny_model_dir, graphs, {ENV: "1"}),
+        "SUFFIX": ServerConfig(tiny_model_dir, (*suffix, *graphs),
+                               {ENV: "1", "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}),
+    })  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def graph_server(graph_servers):
+    return graph_servers["plain"]
 
 
 def _ids(tok, text: str) -> list[int]:
@@ -100,21 +112,10 @@ def test_concurrent_greedy_parity_padded_and_eager(tiny_baseline_server, graph_s
 # SUFFIX: the target verify replays the decode graph runner at the verify width
 # ---------------------------------------------------------------------------
 
-WIDTH = 8
-
 
 @pytest.fixture(scope="module")
-def suffix_graph_server(tiny_model_dir, start_module_server):
-    return start_module_server(
-        tiny_model_dir,
-        "--speculative-algorithm",
-        "SUFFIX",
-        "--speculative-num-draft-tokens",
-        str(WIDTH),
-        "--cuda-graph-bs-decode",
-        *map(str, CAPTURE_BS),
-        env={ENV: "1", "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"},
-    )
+def suffix_graph_server(graph_servers):
+    return graph_servers["SUFFIX"]
 
 
 def test_suffix_verify_graphs_greedy_parity(tiny_baseline_server, suffix_graph_server, tok):
@@ -356,8 +357,11 @@ def test_draft_graphs_draft_what_the_eager_draft_drafts(
         "--speculative-draft-model-path", str(weak_draft_dir),
         *TOPK1, "--cuda-graph-bs-decode", *map(str, CAPTURE_BS),
     )  # fmt: skip
-    graphs = start_server(tiny_model_dir, *args, env={ENV: "1"})
-    eager = start_server(tiny_model_dir, *args, env={ENV: "0"})
+    pair = start_server.start_all({
+        "graphs": ServerConfig(tiny_model_dir, args, {ENV: "1"}),
+        "eager": ServerConfig(tiny_model_dir, args, {ENV: "0"}),
+    })  # fmt: skip
+    graphs, eager = pair["graphs"], pair["eager"]
     accept = {}
     for name, server in (("graphs", graphs), ("eager", eager)):
         accept[name] = []

@@ -21,6 +21,7 @@ import requests
 from tests.e2e.spec_metrics import accept_length
 from tests.e2e.test_standalone_serving import TOPK1
 from tests.e2e.test_suffix_serving import CODE
+from tests.harness.server import ServerConfig
 
 NEW_TOKENS = 32
 WIDTH = 8
@@ -54,25 +55,33 @@ def _lora_args(adapters, backend=True):
 
 
 @pytest.fixture(scope="module")
-def plain(tiny_model_dir, adapters, start_module_server):
-    # No --lora-backend: the host's default (csgmv, Triton) resolves to torch_native on CPU.
-    return start_module_server(tiny_model_dir, *_lora_args(adapters, backend=False))
+def servers(tiny_model_dir, weak_draft_dir, adapters, start_module_server):
+    """The three servers, started side by side. The plain one without --lora-backend: the
+    host's default (csgmv, Triton) resolves to torch_native on CPU."""
+    spec = (*_lora_args(adapters), "--speculative-algorithm")
+    return start_module_server.start_all({
+        "plain": ServerConfig(tiny_model_dir, _lora_args(adapters, backend=False)),
+        "SUFFIX": ServerConfig(tiny_model_dir, (*spec, "SUFFIX",
+                                                "--speculative-num-draft-tokens", str(WIDTH))),
+        "HYBRID": ServerConfig(tiny_model_dir, (*spec, "HYBRID",
+                                                "--speculative-draft-model-path",
+                                                str(weak_draft_dir), *TOPK1)),
+    })  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def suffix(tiny_model_dir, adapters, start_module_server):
-    return start_module_server(
-        tiny_model_dir, *_lora_args(adapters),
-        "--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", str(WIDTH),
-    )  # fmt: skip
+def plain(servers):
+    return servers["plain"]
 
 
 @pytest.fixture(scope="module")
-def hybrid(tiny_model_dir, weak_draft_dir, adapters, start_module_server):
-    return start_module_server(
-        tiny_model_dir, *_lora_args(adapters), "--speculative-algorithm", "HYBRID",
-        "--speculative-draft-model-path", str(weak_draft_dir), *TOPK1,
-    )  # fmt: skip
+def suffix(servers):
+    return servers["SUFFIX"]
+
+
+@pytest.fixture(scope="module")
+def hybrid(servers):
+    return servers["HYBRID"]
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from sglang_spec_ext.sglang.suffix_worker import STATS_LOG_MARK as SUFFIX_MARK
 from tests.e2e.test_model_draft_adaptive_serving import ADAPTIVE_ENV, PINNED_ENV
 from tests.e2e.test_standalone_serving import TOPK1
 from tests.e2e.test_suffix_serving import CODE
+from tests.harness.server import ServerConfig
 
 #: Stats lines every decode step, so the last line is the last publish.
 ENV = {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}
@@ -80,12 +81,30 @@ def prompts(tok):
 
 
 @pytest.fixture(scope="module")
-def suffix_server(tiny_model_dir, start_module_server):
-    env = {**ENV, "SGLANG_SPEC_EXT_ADAPTIVE": "1"}
-    return start_module_server(
-        tiny_model_dir, "--enable-metrics", "--speculative-algorithm", "SUFFIX",
-        "--speculative-num-draft-tokens", "6", env=env,
-    )  # fmt: skip
+def servers(tiny_model_dir, weak_draft_dir, start_module_server):
+    """An adaptive SUFFIX server and an adaptive HYBRID server, started side by side. The
+    HYBRID one: the goodput step controller (its steps-per-tier line every step) pinned at
+    zero steps from batch 3 up and at 3 steps below (the free controller takes 0 with this
+    weak draft on CPU), with the draft-KV repair: every HYBRID series gets values."""
+    hybrid_env = {
+        **ENV,
+        **ADAPTIVE_ENV,
+        **PINNED_ENV,
+        "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "3,3,0",
+    }
+    return start_module_server.start_all({
+        "SUFFIX": ServerConfig(tiny_model_dir, (
+            "--enable-metrics", "--speculative-algorithm", "SUFFIX",
+            "--speculative-num-draft-tokens", "6"), {**ENV, "SGLANG_SPEC_EXT_ADAPTIVE": "1"}),
+        "HYBRID": ServerConfig(tiny_model_dir, (
+            "--enable-metrics", "--speculative-algorithm", "HYBRID",
+            "--speculative-draft-model-path", str(weak_draft_dir), *TOPK1), hybrid_env),
+    })  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def suffix_server(servers):
+    return servers["SUFFIX"]
 
 
 def test_suffix_metrics_match_the_stats_line(suffix_server, tiny_model_dir, prompts):
@@ -130,15 +149,8 @@ def test_suffix_metrics_match_the_stats_line(suffix_server, tiny_model_dir, prom
 
 
 @pytest.fixture(scope="module")
-def hybrid_server(tiny_model_dir, weak_draft_dir, start_module_server):
-    # the goodput step controller (its steps-per-tier line every step) pinned at zero
-    # steps from batch 3 up and at 3 steps below (the free controller takes 0 with this
-    # weak draft on CPU), with the draft-KV repair: every HYBRID series gets values
-    env = {**ENV, **ADAPTIVE_ENV, **PINNED_ENV, "SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS": "3,3,0"}
-    return start_module_server(
-        tiny_model_dir, "--enable-metrics", "--speculative-algorithm", "HYBRID",
-        "--speculative-draft-model-path", str(weak_draft_dir), *TOPK1, env=env,
-    )  # fmt: skip
+def hybrid_server(servers):
+    return servers["HYBRID"]
 
 
 def _logged_steps(server) -> Counter:

@@ -19,6 +19,7 @@ from sglang_spec_ext.sglang.draft_kv_repair import STATS_LOG_MARK as REPAIR_MARK
 from sglang_spec_ext.sglang.model_draft_adaptive import STEPS_LOG_MARK
 from tests.e2e.spec_metrics import plain_step_counts
 from tests.e2e.test_standalone_serving import TOPK1, TOPK2, _cases, _greedy
+from tests.harness.server import ServerConfig
 
 #: Short patience and frequent probes (no exploration budget) so step counts really
 #: change within the test; a log line with the chosen step counts every decode step.
@@ -42,21 +43,35 @@ PINNED_ENV = {
 }
 
 
-def _server(start_module_server, tiny_model_dir, algo, draft_dir, env=None):
-    return start_module_server(
-        tiny_model_dir, "--speculative-algorithm", algo,
-        "--speculative-draft-model-path", str(draft_dir), *TOPK1, env={**ADAPTIVE_ENV, **(env or {})},
-    )  # fmt: skip
+def _config(tiny_model_dir, algo, draft_dir, shape, env) -> ServerConfig:
+    return ServerConfig(tiny_model_dir, (
+        "--speculative-algorithm", algo, "--speculative-draft-model-path", str(draft_dir), *shape,
+    ), env)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def standalone_adaptive(tiny_model_dir, start_module_server):
-    return _server(start_module_server, tiny_model_dir, "STANDALONE", tiny_model_dir)
+def servers(tiny_model_dir, weak_draft_dir, start_module_server):
+    """The module's four adaptive servers, started side by side: chain drafts (STANDALONE
+    with the tiny model as its own draft; HYBRID pinned, with the draft-KV repair) and
+    topk-2 trees (the 1-layer draft) of both algorithms."""
+    return start_module_server.start_all({
+        "STANDALONE": _config(tiny_model_dir, "STANDALONE", tiny_model_dir, TOPK1, ADAPTIVE_ENV),
+        "HYBRID": _config(tiny_model_dir, "HYBRID", weak_draft_dir, TOPK1,
+                          {**ADAPTIVE_ENV, **PINNED_ENV}),
+        "STANDALONE-tree": _config(tiny_model_dir, "STANDALONE", weak_draft_dir, TOPK2,
+                                   ADAPTIVE_ENV),
+        "HYBRID-tree": _config(tiny_model_dir, "HYBRID", weak_draft_dir, TOPK2, ADAPTIVE_ENV),
+    })  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def hybrid_adaptive(tiny_model_dir, weak_draft_dir, start_module_server):
-    return _server(start_module_server, tiny_model_dir, "HYBRID", weak_draft_dir, PINNED_ENV)
+def standalone_adaptive(servers):
+    return servers["STANDALONE"]
+
+
+@pytest.fixture(scope="module")
+def hybrid_adaptive(servers):
+    return servers["HYBRID"]
 
 
 def _steps_used(server) -> dict[int, set[int]]:
@@ -112,15 +127,10 @@ def test_hybrid_adaptive_steps_parity(tiny_baseline_server, hybrid_adaptive, tok
 
 
 @pytest.mark.parametrize("algo", ["STANDALONE", "HYBRID"])
-def test_tree_adaptive_steps_parity(
-    algo, tiny_model_dir, weak_draft_dir, tiny_baseline_server, start_server, tok
-):
+def test_tree_adaptive_steps_parity(algo, servers, tiny_baseline_server, tok):
     """topk 2: every step count (0..2) verifies its own tree width (1, 3, 4); HYBRID
     splices suffix trees into whichever width the step runs at."""
-    server = start_server(
-        tiny_model_dir, "--speculative-algorithm", algo,
-        "--speculative-draft-model-path", str(weak_draft_dir), *TOPK2, env=ADAPTIVE_ENV,
-    )  # fmt: skip
+    server = servers[f"{algo}-tree"]
     _check(tiny_baseline_server, server, tok, f"{algo} topk 2 adaptive")
     log = server.log_path.read_text(errors="replace")
     assert "step counts [0, 1, 2]" in log

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
-import os
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.harness.server import CPUServer
+from tests.harness.server import CPUServer, ServerConfig
 
 WIDTH = "8"
 SERVERS = {  # distinct seeds: independent samples (the harness passes --random-seed 0)
@@ -70,34 +69,16 @@ def prompt_ids(peaked_model: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def servers(peaked_model: Path, tmp_path_factory: pytest.TempPathFactory):
-    """The three servers, started side by side (start-up mostly waits) and always stopped.
-
-    The pool's threads live until the servers are stopped: the harness ties each
-    server's life to the thread that started it (PR_SET_PDEATHSIG is per thread)."""
-    logs = tmp_path_factory.mktemp("sampling-servers")
+def servers(peaked_model: Path, start_module_server) -> dict[str, CPUServer]:
+    """The four servers, started side by side."""
     draft = ("--speculative-draft-model-path", str(peaked_model))
-    made = {
-        name: CPUServer(
-            peaked_model,
-            (*args, *draft) if name == "STANDALONE" else args,
-            log_path=logs / f"{name}.log",
-        )
+    start = time.monotonic()
+    made = start_module_server.start_all({
+        name: ServerConfig(peaked_model, (*args, *draft) if name == "STANDALONE" else args)
         for name, args in SERVERS.items()
-    }
-    pool = cf.ThreadPoolExecutor(len(made))
-    try:
-        start = time.monotonic()
-        for future in [pool.submit(server.start) for server in made.values()]:
-            future.result()
-        print(f"\n{len(made)} servers ready in {time.monotonic() - start:.1f} s")
-        yield made
-    finally:
-        list(pool.map(CPUServer.stop, made.values()))
-        pool.shutdown()
-        if os.environ.get("SPEC_EXT_SHOW_SERVER_LOG"):
-            for server in made.values():
-                print(server.log_tail(200))
+    })  # fmt: skip
+    print(f"\n{len(made)} servers ready in {time.monotonic() - start:.1f} s")
+    return made
 
 
 @pytest.fixture(scope="module")

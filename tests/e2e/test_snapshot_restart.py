@@ -19,6 +19,7 @@ from pathlib import Path
 
 from sglang_spec_ext.suffix.snapshot import read_header
 from tests.e2e.spec_metrics import accept_length
+from tests.harness.server import NO_CRASH_DIAGNOSTICS_ENV
 
 WIDTH = 8
 NEW_TOKENS = 48
@@ -36,9 +37,12 @@ PROMPTS = [
 
 def _env(path: Path) -> dict[str, str]:
     # interval 0: written only at shutdown, so the file is the shutdown write's work.
+    # The host's default crash diagnostics (the harness turns them off): shut down as a
+    # production server does, pause before the launcher kills its tree included.
     return {
         "SGLANG_SPEC_EXT_SNAPSHOT_PATH": str(path),
         "SGLANG_SPEC_EXT_SNAPSHOT_INTERVAL_S": "0",
+        **dict.fromkeys(NO_CRASH_DIAGNOSTICS_ENV, "1"),
     }
 
 

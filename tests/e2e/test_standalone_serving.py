@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.spec_metrics import accept_length
 from tests.e2e.test_suffix_serving import CODE, PROMPTS
-from tests.harness.server import abort_mid_stream
+from tests.harness.server import ServerConfig, abort_mid_stream
 
 NEW_TOKENS = 20
 TOPK1 = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
@@ -32,24 +32,32 @@ def _standalone(draft_dir, shape):
 
 
 @pytest.fixture(scope="module")
-def topk1_server(tiny_model_dir, start_module_server):
-    return start_module_server(tiny_model_dir, *_standalone(tiny_model_dir, TOPK1))
-
-
-@pytest.fixture(scope="module")
-def topk2_server(tiny_model_dir, weak_draft_dir, start_module_server):
-    return start_module_server(tiny_model_dir, *_standalone(weak_draft_dir, TOPK2))
-
-
-@pytest.fixture(scope="module")
-def eagle3_server(tiny_model_dir, tmp_path_factory, start_module_server):
+def servers(tiny_model_dir, weak_draft_dir, tmp_path_factory, start_module_server):
+    """The module's three speculative servers, started side by side."""
     from sglang_spec_ext.testing_models import build_eagle3_head
 
     head = build_eagle3_head(tiny_model_dir, tmp_path_factory.mktemp("eagle3") / "head")
-    return start_module_server(
-        tiny_model_dir, "--speculative-algorithm", "EAGLE3",
-        "--speculative-draft-model-path", str(head), *TOPK1,
-    )  # fmt: skip
+    return start_module_server.start_all({
+        "topk1": ServerConfig(tiny_model_dir, _standalone(tiny_model_dir, TOPK1)),
+        "topk2": ServerConfig(tiny_model_dir, _standalone(weak_draft_dir, TOPK2)),
+        "eagle3": ServerConfig(tiny_model_dir, ("--speculative-algorithm", "EAGLE3",
+                                                "--speculative-draft-model-path", str(head), *TOPK1)),
+    })  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def topk1_server(servers):
+    return servers["topk1"]
+
+
+@pytest.fixture(scope="module")
+def topk2_server(servers):
+    return servers["topk2"]
+
+
+@pytest.fixture(scope="module")
+def eagle3_server(servers):
+    return servers["eagle3"]
 
 
 def _greedy(server, ids, n=NEW_TOKENS):

@@ -3,17 +3,22 @@
 The server runs in its own process group on a free loopback port, set up for CPU
 serving as ``sglang-spec-ext serve-cpu`` does (the product's placeholder modules,
 :mod:`sglang_spec_ext.sglang.cpu_placeholders`, installed through its PYTHONPATH), logs to a
-file, and is always torn down (the whole group) by :meth:`CPUServer.stop`.
+file, and is always torn down (the whole group) by :meth:`CPUServer.stop`. Test servers skip
+two pieces of host start-up and shutdown work no test checks (:func:`quick_server_env`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import functools
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +45,46 @@ def cpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("SGLANG_SPEC_EXT_DRAFT_GATE", "0")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.update(extra or {})
+    return env
+
+
+#: The host's crash diagnostics (a py-spy dump and a CUDA core dump of live schedulers;
+#: neither exists on this machine) make the launcher sleep 5 s whenever a scheduler dies
+#: first, which :meth:`CPUServer.stop`'s SIGTERM to the process group always causes. The
+#: test servers skip them; a test of the product's shutdown path sets them back to the
+#: host's default (``"1"``).
+NO_CRASH_DIAGNOSTICS_ENV = {
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+    "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
+}
+
+#: The host's model modules the tests serve: Llama (the tiny model, its truncated
+#: drafts, SmolLM2) and the host's Llama EAGLE heads.
+SERVED_MODEL_MODULES = frozenset({"llama", "llama_eagle", "llama_eagle3"})
+
+
+@functools.cache
+def unserved_model_modules() -> str:
+    """Every other module of the host's ``sglang/srt/models``, comma-separated, for
+    ``SGLANG_DISABLED_MODEL_ARCHS``: each scheduler otherwise imports all of them (about
+    250) to build its model registry, 1-2 s of every server start here."""
+    spec = importlib.util.find_spec("sglang")  # finds the package without importing it
+    if spec is None or spec.origin is None:
+        return ""
+    models = Path(spec.origin).parent / "srt" / "models"
+    names = {p.stem for p in models.glob("*.py")} - SERVED_MODEL_MODULES - {"__init__"}
+    return ",".join(sorted(names))
+
+
+def quick_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """:func:`cpu_server_env` for a test server: also without the host's crash
+    diagnostics and its scan of model modules the tests do not serve (start-up and
+    shutdown work that nothing the tests check depends on); ``extra`` wins."""
+    quick = {**NO_CRASH_DIAGNOSTICS_ENV, "SGLANG_DISABLED_MODEL_ARCHS": unserved_model_modules()}
+    env = cpu_server_env()
+    for key, value in quick.items():
+        env.setdefault(key, value)  # a setting of the caller's environment wins
     env.update(extra or {})
     return env
 
@@ -100,7 +145,7 @@ class CPUServer:
             "--sleep-on-idle",
             *extra_args,
         ]
-        self.env = cpu_server_env(env)
+        self.env = quick_server_env(env)
         if "--speculative-algorithm" in self.args:  # pytest --gpu-path (tests/conftest.py)
             for key, value in GPU_PATH_ENV[os.environ.get("SPEC_EXT_TEST_GPU_PATH", "off")].items():
                 self.env.setdefault(key, value)  # a test's own setting wins
@@ -129,7 +174,7 @@ class CPUServer:
                     return self
             except requests.RequestException:
                 pass
-            time.sleep(1.0)
+            time.sleep(0.25)  # start-up takes ~40 s: a finer poll saves ~0.4 s a start
         self.stop()
         raise ServerStartError(f"server not healthy after {timeout:.0f}s:\n{self.log_tail()}")
 
@@ -197,6 +242,66 @@ class CPUServer:
             return requests.get(self.base_url + "/health", timeout=5).status_code == 200
         except requests.RequestException:
             return False
+
+
+#: Servers one factory starts at once (start_all). A start is mostly imports, in phases
+#: that keep one core busy (the launcher's, before it starts its two subprocesses), so on a
+#: 2-core machine a few side by side are up sooner than one after another.
+MAX_PARALLEL_STARTS = 4
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One server for :meth:`ServerFactory.start_all`: what ``factory(model_dir, *args,
+    env=env, **kwargs)`` would start."""
+
+    model_dir: Path
+    args: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class ServerFactory:
+    """``factory(model_dir, *extra_args, env={...}, **kwargs)`` starts one server,
+    ``factory.start_all({name: ServerConfig(...), ...})`` several side by side;
+    :meth:`stop_all` stops every one it made (the e2e fixtures call it at their end)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.servers: list[CPUServer] = []
+        # Kept until stop_all: the harness ties each server's life to the thread that
+        # started it (PR_SET_PDEATHSIG), and a pool's threads live until shutdown.
+        self._pool: cf.ThreadPoolExecutor | None = None
+
+    def _make(self, config: ServerConfig) -> CPUServer:
+        log = self.log_dir / f"server-{len(self.servers)}.log"
+        server = CPUServer(config.model_dir, config.args, env=config.env, log_path=log,
+                           **config.kwargs)  # fmt: skip
+        self.servers.append(server)
+        return server
+
+    def __call__(
+        self, model_dir: Path, *extra_args: str, env: dict[str, str] | None = None, **kwargs: Any
+    ) -> CPUServer:
+        return self._make(ServerConfig(model_dir, extra_args, env, kwargs)).start()
+
+    def start_all(self, configs: Mapping[str, ServerConfig]) -> dict[str, CPUServer]:
+        """Start every config at once (at most MAX_PARALLEL_STARTS at a time): the servers
+        by the configs' names; the first start error is raised once all have ended."""
+        made = {name: self._make(config) for name, config in configs.items()}
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(MAX_PARALLEL_STARTS, "server-start")
+        futures = {name: self._pool.submit(server.start) for name, server in made.items()}
+        cf.wait(futures.values())  # every start ends (up or failed) before an error is raised
+        return {name: future.result() for name, future in futures.items()}
+
+    def stop_all(self) -> None:
+        for server in self.servers:
+            server.stop()
+            if os.environ.get("SPEC_EXT_SHOW_SERVER_LOG"):
+                print(server.log_tail(200))
+        if self._pool is not None:
+            self._pool.shutdown()
 
 
 def abort_mid_stream(server: CPUServer, input_ids: Sequence[int], max_new_tokens: int) -> dict:
