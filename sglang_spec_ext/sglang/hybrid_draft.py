@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from sglang_spec_ext.hybrid import SUFFIX, Candidate, HybridChooser
+from sglang_spec_ext.sglang import draft_kv_repair
 from sglang_spec_ext.suffix.draft import DraftTree
 
 #: Draft kinds and the host worker each runs on.
@@ -73,11 +74,15 @@ def draft_without_model(draft_worker: Any, draft_fn: Any, batch: Any) -> Any:
     token, is the host's). The draft model's KV stays right: the draft extend after the
     verify runs over the committed tokens as always, and the multi-step draft's own KV
     slots are scratch, rewritten by the next draft. The graph runner is set aside for the
-    call (a replay would run the model)."""
+    call (a replay would run the model). A draft-KV repair that runs inside the host's
+    draft (``draft_kv_repair``, a BEFORE hook on it) still runs the model: it rebuilds KV
+    the next drafts need."""
     graphs, forward = draft_worker.cuda_graph_runner, draft_worker.draft_runner.forward
     width = max(int(draft_worker.topk), 2)  # any logits at least topk wide give a valid tree
 
     def no_forward(forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        if draft_kv_repair.repairing():  # the draft-KV repair's extend (inside draft) is real
+            return forward(forward_batch, *args, **kwargs)
         ids = forward_batch.input_ids
         logits = torch.zeros((ids.shape[0], width), dtype=torch.float32, device=ids.device)
         hidden = getattr(forward_batch.spec_info, "hidden_states", None)
