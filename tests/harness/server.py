@@ -77,15 +77,33 @@ def unserved_model_modules() -> str:
     return ",".join(sorted(names))
 
 
+#: Test-only ``sitecustomize`` (tests/harness/fork_start): with FORK_START_ENV=1 the
+#: host's scheduler and detokenizer processes start by fork from the launcher instead of
+#: spawning fresh interpreters that import the host again (half of a server's start here).
+FORK_START_SITE = Path(__file__).resolve().parent / "fork_start"
+FORK_START_ENV = "SPEC_EXT_TEST_FORK_START"
+
+
+def _with_fork_start_site(pythonpath: str) -> str:
+    """``pythonpath`` with FORK_START_SITE right after the CPU-serving site directory (its
+    ``sitecustomize`` runs the next one on the path)."""
+    parts = [p for p in pythonpath.split(os.pathsep) if p and p != str(FORK_START_SITE)]
+    at = parts.index(str(SHIM_DIR)) + 1 if str(SHIM_DIR) in parts else 0
+    return os.pathsep.join([*parts[:at], str(FORK_START_SITE), *parts[at:]])
+
+
 def quick_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """:func:`cpu_server_env` for a test server: also without the host's crash
-    diagnostics and its scan of model modules the tests do not serve (start-up and
-    shutdown work that nothing the tests check depends on); ``extra`` wins."""
-    quick = {**NO_CRASH_DIAGNOSTICS_ENV, "SGLANG_DISABLED_MODEL_ARCHS": unserved_model_modules()}
+    diagnostics and its scan of model modules the tests do not serve, and with its
+    subprocesses started by fork (start-up and shutdown work that nothing the tests check
+    depends on; ``SPEC_EXT_TEST_FORK_START=0`` keeps the host's spawn); ``extra`` wins."""
+    quick = {**NO_CRASH_DIAGNOSTICS_ENV, "SGLANG_DISABLED_MODEL_ARCHS": unserved_model_modules(),
+             FORK_START_ENV: "1"}  # fmt: skip
     env = cpu_server_env()
     for key, value in quick.items():
         env.setdefault(key, value)  # a setting of the caller's environment wins
     env.update(extra or {})
+    env["PYTHONPATH"] = _with_fork_start_site(env.get("PYTHONPATH", ""))
     return env
 
 

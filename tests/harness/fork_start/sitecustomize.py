@@ -1,0 +1,68 @@
+"""TEST ONLY: the host's server starts its scheduler and detokenizer by fork, not spawn.
+
+The launcher (``python -m sglang.launch_server``) sets the ``spawn`` start method, so each
+of its two subprocesses starts a fresh interpreter that imports the host again (torch,
+transformers, the whole of ``sglang.srt``): on the 2-core test machine about 20 s of a
+40 s server start, and twice the CPU. With ``SPEC_EXT_TEST_FORK_START=1`` and this
+directory on the server's PYTHONPATH after the CPU-serving site directory (whose
+``sitecustomize`` runs the next one on the path, this one), the launcher's
+``multiprocessing.set_start_method("spawn", ...)`` sets ``fork`` instead: the children
+start from the launcher's memory, with its imports done. The test servers of
+``tests/harness/server.py`` use it; the product (``sglang-spec-ext serve-cpu``, the
+benchmarks, the soak) keeps the host's ``spawn``.
+
+What fork would stop checking, this keeps checking: spawn pickles each subprocess's
+arguments (the server arguments, with whatever the plugin added to them) and would fail
+on one that does not pickle, so every argument but the pipe ends (which spawn hands over
+by descriptor) is pickled here before the fork and the start fails the same way.
+"""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+ENV = "SPEC_EXT_TEST_FORK_START"
+
+
+def _install() -> None:
+    import multiprocessing
+    import multiprocessing.connection
+    import multiprocessing.process
+    from multiprocessing.reduction import ForkingPickler
+
+    real_set = multiprocessing.set_start_method
+
+    def set_start_method(method, force=False):
+        real_set("fork" if method == "spawn" else method, force=force)
+
+    multiprocessing.set_start_method = set_start_method
+
+    real_start = multiprocessing.process.BaseProcess.start
+
+    def start(self):
+        if getattr(self, "_start_method", None) == "fork" or (
+            multiprocessing.get_start_method(allow_none=True) == "fork"
+        ):
+            for value in [*(self._args or ()), *(self._kwargs or {}).values()]:
+                if not isinstance(value, multiprocessing.connection.Connection):
+                    ForkingPickler.dumps(value)  # what spawn would do, minus the pipes
+        return real_start(self)
+
+    multiprocessing.process.BaseProcess.start = start
+
+
+def _run_shadowed_sitecustomize() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [os.path.abspath(p or os.curdir) for p in sys.path]
+    rest = sys.path[paths.index(here) + 1 :] if here in paths else []  # those after this one
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+if os.environ.get(ENV) == "1":
+    _install()
+_run_shadowed_sitecustomize()
