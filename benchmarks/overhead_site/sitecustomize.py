@@ -16,6 +16,10 @@ choosing, splicing, bookkeeping, the host's own verify preparation, and the CPU
 stand-ins for the host's GPU kernels (tree building, verify sampling). Thread CPU time
 does not count waiting for a core, so other load on the machine disturbs it little
 (torch's intra-op threads are not counted: the forwards' own figure is low).
+
+With ``SPEC_EXT_BENCH_PROFILE=PATH`` the timed decode steps also run under ``cProfile``
+and the stats are dumped to PATH (``pstats`` format) with every counter line: where the
+host-side time goes (``python -m pstats PATH``).
 """
 
 import json
@@ -37,6 +41,12 @@ def _install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     state = {"depth": 0, "fwd_depth": 0, "fwd": 0.0, "fwd_cpu": 0.0, "steps": 0}
+    profile_path = os.environ.get("SPEC_EXT_BENCH_PROFILE")
+    profiler = None
+    if profile_path:
+        import cProfile
+
+        profiler = cProfile.Profile()
     # bs -> [steps, step s, forward s, step thread-CPU s, forward thread-CPU s]
     per_bs: dict[int, list[float]] = {}
 
@@ -49,9 +59,13 @@ def _install() -> None:
             return original(worker, batch, *args, **kwargs)
         state["depth"], state["fwd"], state["fwd_cpu"] = 1, 0.0, 0.0
         t0, c0 = time.perf_counter(), time.thread_time()
+        if profiler is not None:
+            profiler.enable()
         try:
             return original(worker, batch, *args, **kwargs)
         finally:
+            if profiler is not None:
+                profiler.disable()
             elapsed, cpu = time.perf_counter() - t0, time.thread_time() - c0
             state["depth"] = 0
             row = per_bs.setdefault(len(batch.reqs), [0, 0.0, 0.0, 0.0, 0.0])
@@ -60,6 +74,8 @@ def _install() -> None:
             state["steps"] += 1
             if state["steps"] % EVERY == 0:
                 print(f"{MARK} {json.dumps(per_bs)}", file=sys.stderr, flush=True)
+                if profiler is not None:
+                    profiler.dump_stats(profile_path)
 
     def forward(original, runner, *args, **kwargs):
         if not state["depth"] or state["fwd_depth"]:
