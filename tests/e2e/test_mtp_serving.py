@@ -6,15 +6,22 @@ CPU engine: a tiny MiMo-shaped model whose own MTP layer is the draft
 Lossless greedy output against plain serving of the same model, verify steps counted,
 16 concurrent requests, an abort mid-stream, a sampled request. The MTP layer shares the
 target's weights (the draft is the one-layer target run one token ahead), so drafts are
-accepted as well as rejected. See docs/mtp.md.
+accepted as well as rejected. One server (NEXTN, 3 steps, draft path) runs on the CPU
+emulation of the GPU default path (graph runners for verify, draft and draft extend, and
+overlap scheduling: ``cpu_serving.GPU_PATH_ENV["both"]``), so MTP is checked there in the
+default run too. See docs/mtp.md.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import re
 
 import pytest
 
+from sglang_spec_ext.sglang.cpu_graphs import CAPTURE_MESSAGE, REPLAY_MESSAGE
+from sglang_spec_ext.sglang.cpu_overlap import LOOP_MESSAGE
+from sglang_spec_ext.sglang.cpu_serving import GPU_PATH_ENV
 from tests.e2e.spec_metrics import accept_length
 from tests.e2e.test_suffix_serving import CODE, PROMPTS
 from tests.harness.server import ServerConfig, abort_mid_stream
@@ -25,6 +32,10 @@ STEPS1 = ("--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
           "--speculative-num-draft-tokens", "2")  # fmt: skip
 STEPS3 = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
           "--speculative-num-draft-tokens", "4")  # fmt: skip
+#: Batch sizes the graph server captures (16: the concurrent test's batches replay padded).
+CAPTURE_BS = (1, 2, 4, 16)
+GRAPH_RUNNERS = ("DecodeCudaGraphRunner", "EAGLEDraftCudaGraphRunner",
+                 "EAGLEDraftExtendCudaGraphRunner")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +56,15 @@ def tok(mimo_dir):
 def servers(mimo_dir, start_module_server):
     """Plain serving of the MiMo model and three MTP servers, started side by side."""
     path = ("--speculative-draft-model-path", str(mimo_dir))
+    graphs = ("--cuda-graph-bs-decode", *map(str, CAPTURE_BS))
     return start_module_server.start_all({
         "plain": ServerConfig(mimo_dir),
         # no draft path: the host loads the target's checkpoint again as MiMoMTP
         "nextn1": ServerConfig(mimo_dir, ("--speculative-algorithm", "NEXTN", *STEPS1)),
-        "nextn3_path": ServerConfig(mimo_dir, ("--speculative-algorithm", "NEXTN", *path, *STEPS3)),
+        "nextn3_path": ServerConfig(
+            mimo_dir, ("--speculative-algorithm", "NEXTN", *path, *STEPS3, *graphs),
+            GPU_PATH_ENV["both"],
+        ),
         # the spelling the host docs use for MTP
         "eagle3": ServerConfig(mimo_dir, ("--speculative-algorithm", "EAGLE", *STEPS3)),
     })  # fmt: skip
@@ -114,3 +129,18 @@ def test_mtp_sampled_request_completes(servers, tok):
     )  # fmt: skip
     assert len(out["output_ids"]) == 16 and all(0 <= t < len(tok) for t in out["output_ids"])
     assert out["meta_info"]["spec_verify_ct"] > 0
+
+
+def test_mtp_on_the_gpu_default_path_emulation(servers, tok):
+    """The graph server captured and replayed its verify, draft and draft-extend graphs
+    at every capture size and ran the overlap loop (its parity is checked above)."""
+    server = servers["nextn3_path"]
+    assert _greedy(server, tok(CODE)["input_ids"])["meta_info"]["spec_verify_ct"] > 0
+    log = server.log_path.read_text(errors="replace")
+    assert LOOP_MESSAGE in log, server.log_tail()
+    for runner in GRAPH_RUNNERS:
+        pattern = r" \S*?size=(\d+).*runner=" + re.escape(runner) + r"\b"
+        captured = {int(m) for m in re.findall(re.escape(CAPTURE_MESSAGE) + pattern, log)}
+        replayed = {int(m) for m in re.findall(re.escape(REPLAY_MESSAGE) + pattern, log)}
+        assert captured == set(CAPTURE_BS), (runner, captured)
+        assert replayed, f"{runner} never replayed a graph"
