@@ -46,7 +46,8 @@ from tests.harness.skip_policy import (  # noqa: E402
 COSTLIEST_FIRST = (
     "test_cpu_graphs_serving", "test_overlap_parity", "test_hybrid_overlap", "test_smollm2_serving",
     "test_lora_serving", "test_sampling_distribution", "test_context_limit",
-    "test_model_draft_adaptive_serving", "test_snapshot_restart", "test_standalone_serving",
+    "test_model_draft_adaptive_serving", "test_snapshot_restart", "test_mtp_serving",
+    "test_standalone_serving",
     "test_hybrid_serving", "test_soak", "test_metrics_serving", "test_bench_tools",
 )  # fmt: skip
 

@@ -402,6 +402,33 @@ def resolve_decode_backend_hook(
     return original(cuda_graph_runner, *a, **kw)
 
 
+#: The host's resolution of ``NEXTN`` / ``EAGLE`` (``NEXTN`` is an alias of ``EAGLE``; both
+#: become ``FROZEN_KV_MTP`` for Gemma-4 assistant drafts).
+ALIAS_RESOLVER = "sglang.srt.arg_groups.speculative_hook._resolve_speculative_algorithm_alias"
+
+
+def resolved_algorithm_name(cfg: Any) -> str:
+    """``cfg.speculative_algorithm`` as the host will resolve it, upper case ("" for none).
+
+    The host resolves the ``NEXTN`` alias in its speculative hook, after the
+    attention-backend hook :func:`keep_decode_graphs_hook` runs in: there MTP servers
+    (``--speculative-algorithm NEXTN``) still read ``NEXTN``. The host's own resolver
+    (:data:`ALIAS_RESOLVER`) names what they will run (``EAGLE``, or ``FROZEN_KV_MTP``
+    for a Gemma-4 assistant draft, which reads the draft's config)."""
+    algorithm = str(cfg.speculative_algorithm or "").upper()
+    if algorithm not in ("NEXTN", "EAGLE"):
+        return algorithm
+    import pkgutil
+
+    resolve = pkgutil.resolve_name(ALIAS_RESOLVER)
+    resolved = resolve(
+        algorithm,
+        cfg.speculative_draft_model_path,
+        trust_remote_code=bool(cfg.trust_remote_code),
+    )
+    return str(resolved or algorithm).upper()
+
+
 def keep_decode_graphs_hook(
     original: Callable[..., Any], server_args: Any, *a: Any, **kw: Any
 ) -> Any:
@@ -419,7 +446,7 @@ def keep_decode_graphs_hook(
     cfg = resolving_view(server_args)
     if str(cfg.device or "").split(":", 1)[0] != "cpu" or cfg.attention_backend != "torch_native":
         return result
-    algorithm = str(cfg.speculative_algorithm or "").upper()
+    algorithm = resolved_algorithm_name(cfg)
     if algorithm and algorithm not in GRAPH_SPEC_ALGORITHMS:
         # The model-draft paths' draft / draft-extend graphs are not emulated yet: such
         # servers stay eager, exactly as without the switch.

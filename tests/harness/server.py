@@ -60,8 +60,9 @@ NO_CRASH_DIAGNOSTICS_ENV = {
 }
 
 #: The host's model modules the tests serve: Llama (the tiny model, its truncated
-#: drafts, SmolLM2) and the host's Llama EAGLE heads.
-SERVED_MODEL_MODULES = frozenset({"llama", "llama_eagle", "llama_eagle3"})
+#: drafts, SmolLM2), the host's Llama EAGLE heads, and MiMo with its MTP draft
+#: (the tiny MiMo of sglang_spec_ext/testing_mtp.py).
+SERVED_MODEL_MODULES = frozenset({"llama", "llama_eagle", "llama_eagle3", "mimo", "mimo_mtp"})
 
 
 @functools.cache

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import pkgutil
 
 import pytest
 import torch
@@ -255,6 +256,7 @@ def test_hooked_host_targets_exist():
 
     abstract = set(BaseCudaGraphBackend.__abstractmethods__)
     assert abstract <= set(dir(cpu_graphs._BackendMixin)), abstract
+    assert callable(pkgutil.resolve_name(cpu_graphs.ALIAS_RESOLVER))
 
 
 # ---------------------------------------------------------------------------
@@ -402,6 +404,30 @@ def test_switch_covers_the_target_verify_of_tested_algorithms(tiny_dir, monkeypa
     monkeypatch.delenv(cpu_graphs.ENV)
     assert _decode_backend(tiny_dir, "--speculative-algorithm", "NGRAM") == "disabled"
     assert _decode_backend(tiny_dir, "--speculative-algorithm", "STANDALONE", *draft) == "disabled"
+
+
+def test_nextn_mtp_servers_get_the_graphs_of_eagle(tmp_path_factory, monkeypatch):
+    """NEXTN is still spelled NEXTN when the attention hook runs (the host resolves the
+    alias to EAGLE later): MTP servers keep decode graphs on like EAGLE ones."""
+    from sglang_spec_ext.testing_mtp import build_tiny_mimo_mtp
+
+    mimo = str(build_tiny_mimo_mtp(tmp_path_factory.mktemp("mimo") / "m", seed=0))
+    steps = ("--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", "2")  # fmt: skip
+    monkeypatch.setenv(cpu_graphs.ENV, "1")
+    for algo in ("NEXTN", "nextn", "EAGLE"):
+        assert _decode_backend(mimo, "--speculative-algorithm", algo, *steps) == "full", algo
+    path = ("--speculative-draft-model-path", mimo)
+    assert _decode_backend(mimo, "--speculative-algorithm", "NEXTN", *path, *steps) == "full"
+
+    def view(algo):
+        fields = {"speculative_algorithm": algo, "speculative_draft_model_path": None,
+                  "trust_remote_code": False}  # fmt: skip
+        return type("V", (), fields)()
+
+    names = {a: cpu_graphs.resolved_algorithm_name(view(a)) for a in ("NEXTN", "eagle", "suffix")}
+    assert names == {"NEXTN": "EAGLE", "eagle": "EAGLE", "suffix": "SUFFIX"}
+    assert cpu_graphs.resolved_algorithm_name(view(None)) == ""
 
 
 def test_untested_algorithms_keep_graphs_off(monkeypatch):

@@ -1,0 +1,146 @@
+"""The host's MTP speculation (``--speculative-algorithm NEXTN``, an alias of EAGLE) on the
+CPU engine: a tiny MiMo-shaped model whose own MTP layer is the draft
+(sglang_spec_ext/testing_mtp.py), served with and without ``--speculative-draft-model-path``
+(the model directory itself) and under both spellings, chains of 1 and 3 draft steps.
+
+Lossless greedy output against plain serving of the same model, verify steps counted,
+16 concurrent requests, an abort mid-stream, a sampled request. The MTP layer shares the
+target's weights (the draft is the one-layer target run one token ahead), so drafts are
+accepted as well as rejected. One server (NEXTN, 3 steps, draft path) runs on the CPU
+emulation of the GPU default path (graph runners for verify, draft and draft extend, and
+overlap scheduling: ``cpu_serving.GPU_PATH_ENV["both"]``), so MTP is checked there in the
+default run too. See docs/mtp.md.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import re
+
+import pytest
+
+from sglang_spec_ext.sglang.cpu_graphs import CAPTURE_MESSAGE, REPLAY_MESSAGE
+from sglang_spec_ext.sglang.cpu_overlap import LOOP_MESSAGE
+from sglang_spec_ext.sglang.cpu_serving import GPU_PATH_ENV
+from tests.e2e.spec_metrics import accept_length
+from tests.e2e.test_suffix_serving import CODE, PROMPTS
+from tests.harness.server import ServerConfig, abort_mid_stream
+
+NEW_TOKENS = 20
+#: The host docs' MiMo-7B-RL setting: one MTP step, verify width 2.
+STEPS1 = ("--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
+          "--speculative-num-draft-tokens", "2")  # fmt: skip
+STEPS3 = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+          "--speculative-num-draft-tokens", "4")  # fmt: skip
+#: Batch sizes the graph server captures (16: the concurrent test's batches replay padded).
+CAPTURE_BS = (1, 2, 4, 16)
+GRAPH_RUNNERS = ("DecodeCudaGraphRunner", "EAGLEDraftCudaGraphRunner",
+                 "EAGLEDraftExtendCudaGraphRunner")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mimo_dir(tmp_path_factory):
+    from sglang_spec_ext.testing_mtp import build_tiny_mimo_mtp
+
+    return build_tiny_mimo_mtp(tmp_path_factory.mktemp("tiny-mimo") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tok(mimo_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(mimo_dir)
+
+
+@pytest.fixture(scope="module")
+def servers(mimo_dir, start_module_server):
+    """Plain serving of the MiMo model and three MTP servers, started side by side."""
+    path = ("--speculative-draft-model-path", str(mimo_dir))
+    graphs = ("--cuda-graph-bs-decode", *map(str, CAPTURE_BS))
+    return start_module_server.start_all({
+        "plain": ServerConfig(mimo_dir),
+        # no draft path: the host loads the target's checkpoint again as MiMoMTP
+        "nextn1": ServerConfig(mimo_dir, ("--speculative-algorithm", "NEXTN", *STEPS1)),
+        "nextn3_path": ServerConfig(
+            mimo_dir, ("--speculative-algorithm", "NEXTN", *path, *STEPS3, *graphs),
+            GPU_PATH_ENV["both"],
+        ),
+        # the spelling the host docs use for MTP
+        "eagle3": ServerConfig(mimo_dir, ("--speculative-algorithm", "EAGLE", *STEPS3)),
+    })  # fmt: skip
+
+
+def _greedy(server, ids, n=NEW_TOKENS):
+    return server.generate(input_ids=ids, max_new_tokens=n, temperature=0, ignore_eos=True)
+
+
+def _cases(tok):
+    cases = [(label, tok(p)["input_ids"]) for label, p, _ in PROMPTS]
+    return cases + [("code", tok(CODE)["input_ids"])]
+
+
+@pytest.mark.parametrize(
+    ("name", "max_accept"),
+    [("nextn1", 2.0), ("nextn3_path", 4.0), ("eagle3", 4.0)],
+)
+def test_mtp_greedy_parity_with_plain_serving(servers, tok, name, max_accept):
+    plain, spec = servers["plain"], servers[name]
+    print(f"\n{name} accept length per prompt (tiny MiMo, MTP draft, CPU engine):")
+    accepted = []
+    for label, ids in _cases(tok):
+        want = _greedy(plain, ids)["output_ids"]
+        got = _greedy(spec, ids)
+        assert got["output_ids"] == want, f"{label}: {name} output differs from plain serving"
+        acc = accept_length(got["meta_info"])  # asserts verify steps happened
+        assert 1.0 <= acc <= max_accept, (label, acc)
+        accepted.append(acc)
+        print(
+            f"  {label:<12} accept_len={acc:5.2f}  verify_steps={got['meta_info']['spec_verify_ct']}"
+        )
+    mean = sum(accepted) / len(accepted)
+    print(f"  mean accept length {mean:.2f}")
+    # The MTP layer copies the target's layer: its drafts must be accepted some of the time.
+    assert mean > 1.1, accepted
+
+
+def test_mtp_16_concurrent_requests(servers, tok):
+    plain, spec = servers["plain"], servers["nextn3_path"]
+    prompts = [ids for _, ids in _cases(tok)]
+    prompts = [ids + ids[: i % 5] for i, ids in enumerate(prompts * 2)][:16]
+    want = [_greedy(plain, ids, 16)["output_ids"] for ids in prompts]
+    with cf.ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda ids: _greedy(spec, ids, 16)["output_ids"], prompts))
+    assert got == want
+
+
+def test_mtp_abort_mid_stream_leaves_the_server_healthy(servers, tok):
+    plain, spec = servers["plain"], servers["eagle3"]
+    ids = tok(CODE)["input_ids"]
+    last = abort_mid_stream(spec, ids, 3000)
+    assert last["finish_reason"]["type"] == "abort", last["finish_reason"]
+    assert spec.healthy()
+    assert _greedy(spec, ids, 16)["output_ids"] == _greedy(plain, ids, 16)["output_ids"]
+
+
+def test_mtp_sampled_request_completes(servers, tok):
+    out = servers["nextn1"].generate(
+        input_ids=tok(CODE)["input_ids"], max_new_tokens=16, temperature=0.8, top_p=0.95,
+        ignore_eos=True,
+    )  # fmt: skip
+    assert len(out["output_ids"]) == 16 and all(0 <= t < len(tok) for t in out["output_ids"])
+    assert out["meta_info"]["spec_verify_ct"] > 0
+
+
+def test_mtp_on_the_gpu_default_path_emulation(servers, tok):
+    """The graph server captured and replayed its verify, draft and draft-extend graphs
+    at every capture size and ran the overlap loop (its parity is checked above)."""
+    server = servers["nextn3_path"]
+    assert _greedy(server, tok(CODE)["input_ids"])["meta_info"]["spec_verify_ct"] > 0
+    log = server.log_path.read_text(errors="replace")
+    assert LOOP_MESSAGE in log, server.log_tail()
+    for runner in GRAPH_RUNNERS:
+        pattern = r" \S*?size=(\d+).*runner=" + re.escape(runner) + r"\b"
+        captured = {int(m) for m in re.findall(re.escape(CAPTURE_MESSAGE) + pattern, log)}
+        replayed = {int(m) for m in re.findall(re.escape(REPLAY_MESSAGE) + pattern, log)}
+        assert captured == set(CAPTURE_BS), (runner, captured)
+        assert replayed, f"{runner} never replayed a graph"
