@@ -84,6 +84,51 @@ def build_tokenizer(vocab_size: int = 384):
     return fast
 
 
+def tiny_config_fields(
+    tokenizer, hidden_size: int, num_layers: int, initializer_range: float
+) -> dict:
+    """The config fields every tiny test model shares (Llama- and Qwen2-shaped alike):
+    vocabulary padded to a multiple of 64, heads of 16, grouped KV, untied embeddings."""
+    num_heads = max(1, hidden_size // 16)
+    return dict(
+        vocab_size=(len(tokenizer) + 63) // 64 * 64,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        initializer_range=initializer_range,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def greedy_generation_config(tokenizer):
+    """A transformers ``GenerationConfig`` with the tokenizer's special ids, greedy."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+    )
+
+
+def save_tokenizer(tokenizer, model_dir: Path) -> None:
+    """Save ``tokenizer`` into ``model_dir`` under the generic fast-tokenizer class name
+    (loads with transformers 4.x as well as 5.x)."""
+    tokenizer.save_pretrained(model_dir)
+    tok_cfg_path = Path(model_dir) / "tokenizer_config.json"
+    tok_cfg = json.loads(tok_cfg_path.read_text())
+    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
+
+
 def build_tiny_llama(
     model_dir: Path | str,
     seed: int = 0,
@@ -100,30 +145,13 @@ def build_tiny_llama(
     float32 noise (ties would make "identical greedy output" checks flaky).
     """
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
-    vocab = len(tokenizer)
-    padded_vocab = (vocab + 63) // 64 * 64
-    num_heads = max(1, hidden_size // 16)
-    config = LlamaConfig(
-        vocab_size=padded_vocab,
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=max(1, num_heads // 2),
-        head_dim=hidden_size // num_heads,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-5,
-        initializer_range=initializer_range,
-        tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    dims = tiny_config_fields(tokenizer, hidden_size, num_layers, initializer_range)
+    config = LlamaConfig(**dims, head_dim=hidden_size // dims["num_attention_heads"])
     config.architectures = ["LlamaForCausalLM"]
     saved_rng = torch.random.get_rng_state()
     try:
@@ -131,19 +159,9 @@ def build_tiny_llama(
         model = LlamaForCausalLM(config).to(torch.float32).eval()
     finally:
         torch.random.set_rng_state(saved_rng)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=False,
-    )
+    model.generation_config = greedy_generation_config(tokenizer)
     model.save_pretrained(model_dir, safe_serialization=True)
-    tokenizer.save_pretrained(model_dir)
-    # The generic fast-tokenizer class name loads with transformers 4.x as well as 5.x.
-    tok_cfg_path = model_dir / "tokenizer_config.json"
-    tok_cfg = json.loads(tok_cfg_path.read_text())
-    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    save_tokenizer(tokenizer, model_dir)
     (model_dir / "SOURCE.txt").write_text(
         json.dumps({"builder": "sglang_spec_ext.testing_models.build_tiny_llama", "seed": seed})
         + "\n"

@@ -61,9 +61,14 @@ def build_tiny_mimo_mtp(
     """
     import torch
     from safetensors.torch import save_file
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from sglang_spec_ext.testing_models import build_tokenizer
+    from sglang_spec_ext.testing_models import (
+        build_tokenizer,
+        greedy_generation_config,
+        save_tokenizer,
+        tiny_config_fields,
+    )
 
     model_dir = Path(model_dir)
     if share_target_layer is not None and not 0 <= share_target_layer < num_layers:
@@ -81,24 +86,9 @@ def build_tiny_mimo_mtp(
         return model_dir
     model_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
-    vocab = len(tokenizer)
-    padded_vocab = (vocab + 63) // 64 * 64
-    num_heads = max(1, hidden_size // 16)
     config = Qwen2Config(
-        vocab_size=padded_vocab,
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=max(1, num_heads // 2),
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-5,
-        initializer_range=initializer_range,
-        tie_word_embeddings=False,
+        **tiny_config_fields(tokenizer, hidden_size, num_layers, initializer_range),
         use_sliding_window=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
     )
     saved_rng = torch.random.get_rng_state()
     try:
@@ -114,17 +104,8 @@ def build_tiny_mimo_mtp(
     cfg.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1, torch_dtype="float32")
     cfg.pop("dtype", None)
     (model_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=False,
-    ).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    tok_cfg_path = model_dir / "tokenizer_config.json"
-    tok_cfg = json.loads(tok_cfg_path.read_text())
-    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    greedy_generation_config(tokenizer).save_pretrained(model_dir)
+    save_tokenizer(tokenizer, model_dir)
     marker.write_text(json.dumps(stamp) + "\n")
     return model_dir
 
