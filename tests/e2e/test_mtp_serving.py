@@ -194,4 +194,5 @@ def test_hybrid_on_the_mtp_draft_parity_and_both_sources_used(servers, tok):
     # the MTP draft loses nothing by running inside HYBRID
     assert means["hybrid"] >= means["nextn"] - 0.25, means
     log = hybrid.log_path.read_text(errors="replace")
-    assert "HybridEagleWorker" in log, hybrid.log_tail()
+    assert "HybridEagleWorker" in log, hybrid.log_tail()  # the host's EAGLE path, as NEXTN
+    assert "the target's own MTP layers draft (MiMoForCausalLM as MiMoMTP" in log
