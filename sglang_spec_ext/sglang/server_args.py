@@ -118,15 +118,52 @@ def validate_server_args(args: Any) -> None:
     if algo == HYBRID:
         from sglang_spec_ext.sglang.hybrid_draft import draft_kind
 
+        draft_path, revision = hybrid_draft_source(args, announce=True)
         # Resolved once, here in the launcher; the scheduler processes inherit it.
         kind = draft_kind(
-            _get(args, "speculative_draft_model_path"),
+            draft_path,
             config.hybrid_draft,
-            revision=_get(args, "speculative_draft_model_revision"),
+            revision=revision,
             trust_remote_code=bool(_get(args, "trust_remote_code")),
         )
         os.environ[HYBRID_KIND_ENV] = kind
         logger.info("HYBRID: the model draft runs as the host's %s draft", kind.upper())
+
+
+def _target_mtp_draft(args: Any) -> tuple[str | None, str]:
+    """``target_mtp_draft`` of the target (``--model-path``, ``--revision``)."""
+    from sglang_spec_ext.sglang.hybrid_draft import target_mtp_draft
+
+    model_path = _get(args, "model_path")
+    if not model_path:
+        return None, "no --model-path"
+    return target_mtp_draft(
+        model_path,
+        revision=_get(args, "revision"),
+        trust_remote_code=bool(_get(args, "trust_remote_code")),
+    )
+
+
+def hybrid_draft_source(args: Any, announce: bool = False) -> tuple[str | None, str | None]:
+    """HYBRID's draft checkpoint and revision: ``--speculative-draft-model-path`` when
+    given; else, for a target with MTP layers, the target itself (``--model-path``,
+    ``--revision``), whose MTP layers the host loads as the draft as it does for NEXTN;
+    else ``(None, None)`` (``_hybrid_problems`` refuses that). ``announce`` logs the
+    choice (once, from ``validate_server_args``)."""
+    path = _get(args, "speculative_draft_model_path")
+    if path:
+        return path, _get(args, "speculative_draft_model_revision")
+    mtp, target_arch = _target_mtp_draft(args)
+    if mtp is None:
+        return None, None
+    if announce:
+        logger.info(
+            "HYBRID: no --speculative-draft-model-path; the target's own MTP layers draft "
+            "(%s as %s, on the host's EAGLE path, as NEXTN serves them)",
+            target_arch,
+            mtp,
+        )
+    return _get(args, "model_path"), _get(args, "revision")
 
 
 def hybrid_kind() -> str:
@@ -138,11 +175,16 @@ def hybrid_kind() -> str:
 def _hybrid_problems(args: Any) -> list[str]:
     problems = []
     if not _get(args, "speculative_draft_model_path"):
-        problems.append(
-            "--speculative-draft-model-path is missing: HYBRID needs a draft model (a small "
-            "causal LM with the target's vocabulary, or an EAGLE/EAGLE3 head); for drafts "
-            "without a model use --speculative-algorithm SUFFIX"
-        )
+        mtp, target_arch = _target_mtp_draft(args)
+        if mtp is None:
+            problems.append(
+                "--speculative-draft-model-path is missing: HYBRID needs a draft model (a "
+                "small causal LM with the target's vocabulary, or an EAGLE/EAGLE3 head) "
+                f"unless the target carries MTP layers, and {_get(args, 'model_path')!r} "
+                f"({target_arch}) has none the host can load as a draft; pass "
+                "--speculative-draft-model-path, or for drafts without a model use "
+                "--speculative-algorithm SUFFIX"
+            )
     if _get(args, "speculative_use_rejection_sampling"):
         problems.append(
             "--speculative-use-rejection-sampling: suffix drafts carry no proposal "
@@ -200,6 +242,13 @@ def handle_hybrid_server_args(algo: str, args: Any) -> None:
     # (hybrid_commits.py). On CPU the host has no overlap for speculative decoding.
     _cpu_overlap_policy(algo, args)
     _scheduling_defaults(algo, args)
+    if not _get(args, "speculative_draft_model_path") and _get(args, "model_path"):
+        # An MTP target (validate_server_args refused any other without a draft path): the
+        # draft worker loads the target's checkpoint as its MTP class, as for NEXTN.
+        path, revision = hybrid_draft_source(args)
+        if path:
+            args.speculative_draft_model_path = path
+            args.speculative_draft_model_revision = revision
     steps = _get(args, "speculative_num_steps")
     topk = _get(args, "speculative_eagle_topk")
     width = _get(args, "speculative_num_draft_tokens")

@@ -9,12 +9,15 @@ target's weights (the draft is the one-layer target run one token ahead), so dra
 accepted as well as rejected. One server (NEXTN, 3 steps, draft path) runs on the CPU
 emulation of the GPU default path (graph runners for verify, draft and draft extend, and
 overlap scheduling: ``cpu_serving.GPU_PATH_ENV["both"]``), so MTP is checked there in the
-default run too. See docs/mtp.md.
+default run too. HYBRID on the same target with no draft path (its MTP layer as the
+model draft, suffix drafts beside it): greedy parity, both sources verified. See
+docs/mtp.md.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import re
 
 import pytest
@@ -22,6 +25,7 @@ import pytest
 from sglang_spec_ext.sglang.cpu_graphs import CAPTURE_MESSAGE, REPLAY_MESSAGE
 from sglang_spec_ext.sglang.cpu_overlap import LOOP_MESSAGE
 from sglang_spec_ext.sglang.cpu_serving import GPU_PATH_ENV
+from sglang_spec_ext.sglang.hybrid_worker import STATS_LOG_MARK
 from tests.e2e.spec_metrics import accept_length
 from tests.e2e.test_suffix_serving import CODE, PROMPTS
 from tests.harness.server import ServerConfig, abort_mid_stream
@@ -54,7 +58,8 @@ def tok(mimo_dir):
 
 @pytest.fixture(scope="module")
 def servers(mimo_dir, start_module_server):
-    """Plain serving of the MiMo model and three MTP servers, started side by side."""
+    """Plain serving of the MiMo model, three MTP servers and HYBRID on the MTP draft,
+    started side by side."""
     path = ("--speculative-draft-model-path", str(mimo_dir))
     graphs = ("--cuda-graph-bs-decode", *map(str, CAPTURE_BS))
     return start_module_server.start_all({
@@ -67,6 +72,9 @@ def servers(mimo_dir, start_module_server):
         ),
         # the spelling the host docs use for MTP
         "eagle3": ServerConfig(mimo_dir, ("--speculative-algorithm", "EAGLE", *STEPS3)),
+        # HYBRID, no draft path: the MTP layer is its model draft (a stats line every step)
+        "hybrid3": ServerConfig(mimo_dir, ("--speculative-algorithm", "HYBRID", *STEPS3),
+                                {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}),
     })  # fmt: skip
 
 
@@ -144,3 +152,47 @@ def test_mtp_on_the_gpu_default_path_emulation(servers, tok):
         replayed = {int(m) for m in re.findall(re.escape(REPLAY_MESSAGE) + pattern, log)}
         assert captured == set(CAPTURE_BS), (runner, captured)
         assert replayed, f"{runner} never replayed a graph"
+
+
+def _hybrid_stats(server) -> dict:
+    text = server.log_path.read_text(errors="replace")
+    lines = [ln for ln in text.splitlines() if STATS_LOG_MARK in ln]
+    assert lines, "no HYBRID stats line in the server log"
+    return json.loads(lines[-1].split(STATS_LOG_MARK, 1)[1])
+
+
+def test_hybrid_on_the_mtp_draft_parity_and_both_sources_used(servers, tok):
+    """HYBRID with no draft path on the MTP target: the host's EAGLE path with the MTP
+    layer as the model draft, suffix drafts scored beside it every step. Greedy output
+    identical to plain serving, on prose and on repetitive code (code x3, list x3,
+    counting); both sources verified; the model draft as good through HYBRID as through
+    EAGLE (NEXTN's resolution) with the same chain, prompt by prompt. This MTP layer is
+    the target run one token ahead, so it out-predicts the suffix drafts even on the
+    repetitive prompts, and the learned table rightly picks it nearly always (measured:
+    3 suffix steps of 88, none accepted beyond the bonus token)."""
+    plain, hybrid, nextn = servers["plain"], servers["hybrid3"], servers["eagle3"]
+    print("\nHYBRID (MTP draft + suffix) vs EAGLE/NEXTN, 3 steps, accept length per prompt:")
+    accepted = {"hybrid": [], "nextn": []}
+    for label, ids in _cases(tok):
+        want = _greedy(plain, ids)["output_ids"]
+        got = _greedy(hybrid, ids)
+        assert got["output_ids"] == want, f"{label}: HYBRID output differs from plain serving"
+        acc = accept_length(got["meta_info"])  # asserts verify steps happened
+        assert 1.0 <= acc <= 4.0, (label, acc)
+        accepted["hybrid"].append(acc)
+        accepted["nextn"].append(accept_length(_greedy(nextn, ids)["meta_info"]))
+        print(f"  {label:<12} hybrid={acc:5.2f}  nextn={accepted['nextn'][-1]:5.2f}")
+    means = {k: sum(v) / len(v) for k, v in accepted.items()}
+    print(f"  mean accept length: hybrid {means['hybrid']:.2f}, nextn {means['nextn']:.2f}")
+    stats = _hybrid_stats(hybrid)
+    by = stats["by_source"]
+    print("  per source:", json.dumps(by))
+    assert stats["choice_faults"] == 0
+    assert by["suffix"]["steps"] > 0 and by["model"]["steps"] > 0
+    # both sources scored and learned from at every step, whichever won
+    assert {"suffix", "model"} <= set(stats["learned"])
+    # the MTP draft loses nothing by running inside HYBRID
+    assert means["hybrid"] >= means["nextn"] - 0.25, means
+    log = hybrid.log_path.read_text(errors="replace")
+    assert "HybridEagleWorker" in log, hybrid.log_tail()  # the host's EAGLE path, as NEXTN
+    assert "the target's own MTP layers draft (MiMoForCausalLM as MiMoMTP" in log

@@ -269,3 +269,91 @@ def test_hybrid_draft_kind_by_hub_id_from_the_hub_cache(model_dir, tmp_path):
     assert got[missing].startswith("error: HYBRID: cannot read the draft model's config")
     assert "--speculative-draft-model-path 'spec-ext-test/not-in-the-cache'" in got[missing]
     assert "SGLANG_SPEC_EXT_HYBRID_DRAFT=standalone|eagle|eagle3" in got[missing]
+
+
+# HYBRID on a target with MTP layers (the tiny MiMo of testing_mtp.py): with no draft
+# path the target itself is the draft checkpoint, loaded by the host as its MTP class on
+# the EAGLE path, as NEXTN serves it.
+
+
+@pytest.fixture(scope="module")
+def mimo_dir(tmp_path_factory):
+    from sglang_spec_ext.testing_mtp import build_tiny_mimo_mtp
+
+    return str(build_tiny_mimo_mtp(tmp_path_factory.mktemp("mimo") / "m", seed=0))
+
+
+def test_hybrid_on_an_mtp_target_drafts_with_its_mtp_layers(mimo_dir):
+    import os
+
+    from sglang_spec_ext.sglang.server_args import HYBRID_KIND_ENV
+
+    logged: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    log = logging.getLogger("sglang_spec_ext")
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        v = resolve_hybrid(mimo_dir)  # no --speculative-draft-model-path
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    assert v.speculative_algorithm == "HYBRID"
+    assert v.speculative_draft_model_path == mimo_dir  # the target's own checkpoint
+    assert os.environ[HYBRID_KIND_ENV] == "eagle"  # MiMoMTP runs on the host's EAGLE path
+    assert (v.speculative_num_steps, v.speculative_eagle_topk) == (3, 1)
+    assert v.speculative_num_draft_tokens == 4
+    assert any("the target's own MTP layers draft (MiMoForCausalLM as MiMoMTP" in m
+               for m in logged), logged  # fmt: skip
+    # the model directory given as the draft path: the same server
+    os.environ.pop(HYBRID_KIND_ENV)
+    w = resolve_hybrid(mimo_dir, "--speculative-draft-model-path", mimo_dir)
+    assert os.environ[HYBRID_KIND_ENV] == "eagle"
+    fields = ("speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
+              "speculative_num_draft_tokens", "disable_overlap_schedule")  # fmt: skip
+    assert {f: getattr(w, f) for f in fields} == {f: getattr(v, f) for f in fields}
+
+
+def test_hybrid_without_a_draft_path_or_mtp_layers_names_the_flag(model_dir):
+    with pytest.raises(Exception) as err:
+        resolve_hybrid(model_dir, "--speculative-num-steps", "3")
+    message = str(err.value)
+    assert "--speculative-draft-model-path is missing" in message
+    assert "unless the target carries MTP layers" in message
+    assert f"{model_dir!r} (LlamaForCausalLM) has none" in message
+
+
+def test_hybrid_draft_kind_of_an_mtp_checkpoint_is_eagle(mimo_dir, model_dir):
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    from sglang_spec_ext.sglang.hybrid_draft import (
+        declared_mtp_layers,
+        draft_kind,
+        host_draft_architecture,
+        mtp_draft_architecture,
+        target_mtp_draft,
+    )
+
+    assert draft_kind(mimo_dir) == "eagle"  # not a plain causal LM: the host loads MiMoMTP
+    assert draft_kind(model_dir) == "standalone"
+    assert target_mtp_draft(mimo_dir) == ("MiMoMTP", "MiMoForCausalLM")
+    assert target_mtp_draft(model_dir) == (None, "LlamaForCausalLM")
+    mimo = get_config(mimo_dir, trust_remote_code=False)
+    assert declared_mtp_layers(mimo) == 1
+    assert host_draft_architecture(mimo) == "MiMoMTP"
+    assert mimo.architectures == ["MiMoForCausalLM"]  # the host's mapping ran on a copy
+    # The host's mapping, pinned on configs of other architectures (names only):
+    llama = get_config(model_dir, trust_remote_code=False)
+    assert host_draft_architecture(llama) == "LlamaForCausalLM"
+    deepseek = llama.__class__.from_dict({**llama.to_dict(), "num_nextn_predict_layers": 1,
+                                          "architectures": ["DeepseekV3ForCausalLM"]})  # fmt: skip
+    assert mtp_draft_architecture(deepseek) == "DeepseekV3ForCausalLMNextN"
+    # mapped by the host, but no MTP layers declared (most Qwen3-MoE checkpoints): no draft
+    qwen3_moe = llama.__class__.from_dict({**llama.to_dict(),
+                                           "architectures": ["Qwen3MoeForCausalLM"]})  # fmt: skip
+    assert host_draft_architecture(qwen3_moe) == "Qwen3MoeForCausalLMMTP"
+    assert mtp_draft_architecture(qwen3_moe) is None
+    no_layers = llama.__class__.from_dict({**mimo.to_dict(), "num_nextn_predict_layers": 0})
+    assert mtp_draft_architecture(no_layers) is None
