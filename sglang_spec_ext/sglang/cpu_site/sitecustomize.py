@@ -7,24 +7,10 @@ Only ``sglang-spec-ext serve-cpu`` (or a user who asks for CPU serving) puts thi
 directory on PYTHONPATH.
 """
 
-import importlib.machinery
-import importlib.util
 import os
-import sys
 
 from sglang_spec_ext.sglang import cpu_placeholders
+from sglang_spec_ext.sglang.cpu_site import run_next_sitecustomize
 
 cpu_placeholders.install()
-
-
-def _run_shadowed_sitecustomize() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
-    if spec is None or spec.loader is None:
-        return
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-
-
-_run_shadowed_sitecustomize()
+run_next_sitecustomize(os.path.dirname(os.path.abspath(__file__)))

@@ -17,10 +17,9 @@ on one that does not pickle, so every argument but the pipe ends (which spawn ha
 by descriptor) is pickled here before the fork and the start fails the same way.
 """
 
-import importlib.machinery
-import importlib.util
 import os
-import sys
+
+from sglang_spec_ext.sglang.cpu_site import run_next_sitecustomize
 
 ENV = "SPEC_EXT_TEST_FORK_START"
 
@@ -52,17 +51,6 @@ def _install() -> None:
     multiprocessing.process.BaseProcess.start = start
 
 
-def _run_shadowed_sitecustomize() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    paths = [os.path.abspath(p or os.curdir) for p in sys.path]
-    rest = sys.path[paths.index(here) + 1 :] if here in paths else []  # those after this one
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
-    if spec is None or spec.loader is None:
-        return
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-
-
 if os.environ.get(ENV) == "1":
     _install()
-_run_shadowed_sitecustomize()
+run_next_sitecustomize(os.path.dirname(os.path.abspath(__file__)))
