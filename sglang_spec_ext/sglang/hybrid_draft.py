@@ -11,6 +11,7 @@ where the suffix draft wins for every request whatever the model would draft
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -112,13 +113,15 @@ def _host_mtp_class(config: Any) -> str | None:
     return mapped if mapped != archs[0] else None
 
 
+@functools.lru_cache(maxsize=8)
 def target_mtp_draft(
     model_path: str, *, revision: str | None = None, trust_remote_code: bool = False
 ) -> tuple[str | None, str]:
     """For a target served with no draft path: ``(MTP draft architecture or None, the
     target's architecture)``, read from the target's config as the host resolves it. A
     config that cannot be read gives ``(None, "unreadable config: ...")``; the host's own
-    start-up then reports it."""
+    start-up then reports it. Cached: the launcher's argument checks, the draft source and
+    the argument hook all ask, and a hub id's config is not read again for each."""
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     try:
