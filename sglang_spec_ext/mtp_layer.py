@@ -33,16 +33,16 @@ _OWN = ("token_layernorm", "hidden_layernorm", "input_proj")
 
 
 class MTPLayer(nn.Module):
-    """One MTP layer sharing a target's token embedding (which is also its LM head:
-    tied-embedding targets only)."""
+    """One MTP layer sharing a target's token embedding and LM head (``lm_head``: the
+    target's head weight; default the embedding, for tied-embedding targets)."""
 
-    def __init__(self, config: Any, embed: nn.Embedding) -> None:
+    def __init__(self, config: Any, embed: nn.Embedding, lm_head: torch.Tensor | None = None) -> None:
         from transformers import Qwen2Config, Qwen2Model
         from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
         super().__init__()
-        if not getattr(config, "tie_word_embeddings", False):
-            raise ValueError("MTPLayer shares the embedding as LM head: tied-embedding targets only")
+        if lm_head is None and not getattr(config, "tie_word_embeddings", False):
+            raise ValueError("an untied target: pass its LM head weight as lm_head")
         hidden = config.hidden_size
         self.token_layernorm = Qwen2RMSNorm(hidden, eps=config.rms_norm_eps)
         self.hidden_layernorm = Qwen2RMSNorm(hidden, eps=config.rms_norm_eps)
@@ -55,12 +55,9 @@ class MTPLayer(nn.Module):
         self.block = Qwen2Model(block_config)
         del self.block.embed_tokens  # inputs arrive as embeddings
         self.block.embed_tokens = None
-        # Not a submodule: the embedding belongs to (and is saved with) the target.
+        # Not submodules: the embedding and head belong to (and are saved with) the target.
         self.__dict__["embed"] = embed
-
-    @property
-    def lm_weight(self) -> torch.Tensor:
-        return self.embed.weight
+        self.__dict__["lm_weight"] = embed.weight if lm_head is None else lm_head
 
     def forward(
         self,
@@ -123,6 +120,29 @@ class MTPLayer(nn.Module):
         missing = [k for k in missing if "rotary_emb" not in k]
         if missing or unexpected:
             raise ValueError(f"MTP tensors do not fit: missing={missing} unexpected={unexpected}")
+
+
+def for_target(target: Any) -> MTPLayer:
+    """A new layer sharing ``target``'s (a transformers causal LM) embedding and head."""
+    return MTPLayer(
+        target.config, target.get_input_embeddings(), target.get_output_embeddings().weight
+    )
+
+
+def load_mimo_checkpoint(model_dir: Any) -> tuple[Any, MTPLayer]:
+    """``(target, mtp layer)`` of a MiMo-shaped checkpoint directory (Qwen2 config, MTP
+    tensors under ``model.mtp_layers.0.``), float32, eval mode."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model_dir = Path(model_dir)
+    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    mtp = for_target(target)
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    mtp.load_mtp({k: v for k, v in tensors.items() if k.startswith(MTP_PREFIX)})
+    return target, mtp.eval()
 
 
 def init_from_target(mtp: MTPLayer, target: Any, layer: int = -1) -> None:

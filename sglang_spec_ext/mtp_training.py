@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from sglang_spec_ext.mtp_layer import MTPLayer, init_from_target
+from sglang_spec_ext.mtp_layer import MTPLayer, for_target, init_from_target
 
 
 @dataclass
@@ -137,7 +137,7 @@ def train_mtp(
     """A new MTP layer trained on ``samples`` (the target stays frozen)."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    mtp = MTPLayer(target.config, target.get_input_embeddings())
+    mtp = for_target(target)
     init_from_target(mtp, target, cfg.init_layer)
     for p in target.parameters():
         p.requires_grad_(False)

@@ -406,3 +406,11 @@ def ensure_smollm2_mtp(cache_dir: Path | None = None, *, progress: bool = True) 
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def load_smollm2_mtp(model_dir: Path | None = None) -> tuple[Any, Any]:
+    """``(target, mtp layer)`` from a directory :func:`ensure_smollm2_mtp` wrote (default:
+    the cached one), float32, eval mode, for offline proposals."""
+    from sglang_spec_ext.mtp_layer import load_mimo_checkpoint
+
+    return load_mimo_checkpoint(Path(model_dir) if model_dir is not None else ensure_smollm2_mtp())

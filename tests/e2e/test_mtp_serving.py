@@ -196,3 +196,38 @@ def test_hybrid_on_the_mtp_draft_parity_and_both_sources_used(servers, tok):
     log = hybrid.log_path.read_text(errors="replace")
     assert "HybridEagleWorker" in log, hybrid.log_tail()  # the host's EAGLE path, as NEXTN
     assert "the target's own MTP layers draft (MiMoForCausalLM as MiMoMTP" in log
+
+
+def _offline_verify_steps(chains: list[list[int]], output: list[int], steps: int) -> int:
+    """Verify steps a greedy top-1 chain of ``steps`` drafts needs to commit ``output``
+    (its first token comes from the prefill): ``chains[j]`` is the chain after the
+    prompt plus ``output[: j + 1]``."""
+    done, count = 1, 0
+    while done < len(output):
+        row, accepted = chains[done - 1], 0
+        while accepted < steps and done + accepted < len(output) and (
+            row[accepted] == output[done + accepted]
+        ):
+            accepted += 1
+        done, count = done + accepted + 1, count + 1
+    return count
+
+
+@pytest.mark.parametrize(("name", "steps"), [("nextn1", 1), ("nextn3_path", 3)])
+def test_offline_mtp_layer_predicts_the_host_verify_steps(servers, tok, mimo_dir, name, steps):
+    """sglang_spec_ext.mtp_layer (the torch MTP layer the SmolLM2 MTP is trained and
+    replayed with) computes what the host's MiMoMTP draft proposes: its offline chains
+    give every prompt's verify-step count exactly (eager, and on the graphs + overlap
+    emulation)."""
+    from sglang_spec_ext.mtp_layer import load_mimo_checkpoint, mtp_chains
+
+    target, mtp = load_mimo_checkpoint(mimo_dir)
+    rows = []
+    for label, ids in _cases(tok):
+        got = _greedy(servers[name], ids)
+        output = got["output_ids"]
+        chains, _ = mtp_chains(target, mtp, [*ids, *output], len(ids) + 1, steps)
+        rows.append((label, _offline_verify_steps(chains, output, steps),
+                     got["meta_info"]["spec_verify_ct"]))  # fmt: skip
+    print(f"\n{name}: verify steps offline / served: {[(r[1], r[2]) for r in rows]}")
+    assert all(offline == served for _, offline, served in rows), rows
