@@ -156,6 +156,21 @@ PRESETS["llama3-8b-h100-eagle3"] = PRESETS["llama3-8b-h100"].with_overrides(
     draft_fixed_s=0.15e-3,
     zero_step_draft=1.0,
 )
+#   MTP layer (NEXTN: the target's own multi-token-prediction layer drafts): one target
+#   decoder layer, attention 4096 x (4096 + 2 x 1024 + 4096) + MLP 3 x 4096 x 14336 =
+#   218.1M parameters (0.436 GB), + input_proj [H, 2H] 2 x 4096 x 4096 x 2 bytes
+#   (0.067 GB), + the target's own full-vocabulary lm_head 128256 x 4096 x 2 bytes
+#   (1.051 GB, shared with the target but streamed again by every draft forward; EAGLE-3
+#   has a 32k draft vocab) = 1.554 GB in bf16 (the shared embedding is only gathered,
+#   one row per token); KV of one layer, 8 KV heads x 128 dims x 2 x 2 bytes = 4096 B.
+#   Launches as an EAGLE head (one layer); the host runs it on its EAGLE path, draft
+#   extend at zero steps included.
+PRESETS["llama3-8b-h100-mtp"] = PRESETS["llama3-8b-h100"].with_overrides(
+    draft_weight_bytes=1.554e9,
+    draft_kv_bytes_per_token=4096.0,
+    draft_fixed_s=0.15e-3,
+    zero_step_draft=1.0,
+)
 #   STANDALONE with Llama-3.2-1B: 2.47 GB of bf16 weights, 16 layers x 8 KV heads x 64
 #   dims x 2 x 2 bytes of KV per token.
 PRESETS["llama3-8b-h100-standalone-1b"] = PRESETS["llama3-8b-h100"].with_overrides(

@@ -1,7 +1,8 @@
-"""The goodput controller for model drafts: EAGLE, EAGLE3, STANDALONE and HYBRID.
+"""The goodput controller for model drafts: EAGLE, EAGLE3, STANDALONE, HYBRID and MTP.
 
 ``SGLANG_SPEC_EXT_ADAPTIVE=1`` with ``--speculative-algorithm EAGLE | EAGLE3 |
-STANDALONE | HYBRID``, chains (topk 1) and trees (topk > 1: each step count verifies
+STANDALONE | HYBRID | NEXTN`` (the host resolves NEXTN to EAGLE; the target's own MTP
+layer drafts, priced with the MTP preset: :func:`is_mtp_draft`), chains (topk 1) and trees (topk > 1: each step count verifies
 the candidates it can produce, :func:`tree_verify_widths`). The host already keeps one runtime state per draft
 step count for its own adaptive EAGLE (``adaptive_runtime_state.AdaptiveController``:
 draft and verify attention backends and CUDA graphs per step count, swapped before a
@@ -79,6 +80,7 @@ MAX_PENDING = 8
 KIND_PRESETS = {
     "eagle": "llama3-8b-h100-eagle3",
     "eagle3": "llama3-8b-h100-eagle3",
+    "mtp": "llama3-8b-h100-mtp",
     "standalone": "llama3-8b-h100-standalone-1b",
 }
 
@@ -252,13 +254,31 @@ def controller_config(
 
 
 def worker_kind(worker: Any) -> str:
-    """``eagle`` / ``eagle3`` / ``standalone`` for a host model-draft worker."""
+    """``eagle`` / ``eagle3`` / ``mtp`` / ``standalone`` for a host model-draft worker
+    (``mtp``: the EAGLE path running the target's own MTP layer, :func:`is_mtp_draft`)."""
     algo = getattr(worker, "speculative_algorithm", None)
     if algo is not None and algo.is_standalone():
         return "standalone"
     if algo is not None and algo.is_eagle3():
         return "eagle3"
-    return "eagle"
+    return "mtp" if is_mtp_draft(worker) else "eagle"
+
+
+def is_mtp_draft(worker: Any) -> bool:
+    """Whether the draft runner runs the target's own MTP layer (``--speculative-algorithm
+    NEXTN``, or EAGLE on an MTP checkpoint, with or without a draft path): its
+    architecture is the host's MTP draft class for the target's config (``MiMoForCausalLM``
+    -> ``MiMoMTP``, ``DeepseekV3ForCausalLM`` -> ``DeepseekV3ForCausalLMNextN``, ...).
+    False where a runner is not where SGLang 0.5.23 keeps it."""
+    from sglang_spec_ext.sglang.hybrid_draft import mtp_draft_architecture
+
+    try:
+        target = worker._target_worker.model_runner.model_config.hf_config
+        draft = worker._draft_worker.draft_runner.model_config.hf_config
+    except AttributeError:
+        return False
+    mtp = mtp_draft_architecture(target)
+    return mtp is not None and mtp in (getattr(draft, "architectures", None) or [])
 
 
 def _runner_sizes(runner: Any) -> tuple[float, float, float]:

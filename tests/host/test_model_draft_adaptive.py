@@ -241,3 +241,45 @@ def test_pinned_tiers_drive_the_host_controller(monkeypatch):
     monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE_PINNED_KS", "4,0")  # above the server's 3
     with pytest.raises(ValueError, match="pinned_ks"):
         mda.attach(StandInWorker(steps=3))
+
+
+def _mtp_stand_in(target_config, draft_architectures, algorithm="EAGLE"):
+    """A worker whose runners carry the model configs the host gives them (the draft
+    runner's names the class the host loaded: ``MiMoMTP`` for NEXTN on MiMo, as
+    tests/host/test_mtp_model.py pins)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    def runner(hf_config):
+        return SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config))
+
+    draft = SimpleNamespace(architectures=list(draft_architectures))
+    return SimpleNamespace(
+        speculative_algorithm=SpeculativeAlgorithm.from_string(algorithm),
+        _target_worker=SimpleNamespace(model_runner=runner(target_config)),
+        _draft_worker=SimpleNamespace(draft_runner=runner(draft)),
+    )
+
+
+def test_an_mtp_draft_is_its_own_kind_with_the_mtp_prior(tmp_path, monkeypatch):
+    """NEXTN (resolved to EAGLE) on a target with MTP layers: the draft runner runs the
+    host's MTP class for the target, so the controller's prior is the MTP layer's
+    preset (full-vocabulary head), not the EAGLE-3 head's; an EAGLE head on the same
+    target, or a target without MTP layers, stays ``eagle``."""
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    from sglang_spec_ext.testing_models import build_tiny_llama
+    from sglang_spec_ext.testing_mtp import build_tiny_mimo_mtp
+
+    mimo = get_config(str(build_tiny_mimo_mtp(tmp_path / "mimo", seed=0)), trust_remote_code=False)
+    llama = get_config(str(build_tiny_llama(tmp_path / "llama", seed=0)), trust_remote_code=False)
+    assert mda.worker_kind(_mtp_stand_in(mimo, ["MiMoMTP"])) == "mtp"
+    assert mda.worker_kind(_mtp_stand_in(mimo, ["LlamaForCausalLMEagle"])) == "eagle"
+    assert mda.worker_kind(_mtp_stand_in(llama, ["LlamaForCausalLM"])) == "eagle"
+    assert mda.worker_kind(_mtp_stand_in(mimo, ["MiMoMTP"], "EAGLE3")) == "eagle3"
+    assert mda.worker_kind(StandInWorker()) == "eagle"  # no runners: as before
+    monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
+    cfg = mda.controller_config("mtp", 3)
+    assert cfg.cost_preset == "llama3-8b-h100-mtp"
+    assert cfg.cost_params().draft_weight_bytes == pytest.approx(1.554e9)

@@ -174,3 +174,105 @@ def test_benchmark_model_draft_mode_charges_draft_forwards(tmp_path: Path) -> No
             assert row["controller"]["goodput_tok_s"] >= 0.98 * row["plain"]["goodput_tok_s"]
     # the EAGLE-shaped head pays off at batch 1 with several steps
     assert warm["eagle3:synthetic"]["1"]["controller"]["mean_k"] > 3
+
+
+def test_mtp_preset_charges_one_target_layer_input_proj_and_the_full_vocab_head() -> None:
+    """An MTP layer of Llama-3-8B (hidden 4096, 8 KV heads of 128, MLP 14336, vocab
+    128256) in bf16: one decoder layer + input_proj [H, 2H] + the target's own LM head,
+    not EAGLE-3's 32k-vocab head; one layer of KV; the draft extend runs at zero steps."""
+    from sglang_spec_ext.adaptive.prior import PRESETS, step_time
+
+    h, kv, mlp, vocab = 4096, 8 * 128, 14336, 128256
+    layer = h * h * 2 + h * kv * 2 + 3 * h * mlp
+    expected = 2 * (layer + h * 2 * h + vocab * h)
+    mtp, eagle = PRESETS["llama3-8b-h100-mtp"], PRESETS["llama3-8b-h100-eagle3"]
+    assert mtp.draft_weight_bytes == pytest.approx(expected, rel=2e-3)
+    assert mtp.draft_kv_bytes_per_token == 2 * kv * 2 == 4096
+    assert mtp.zero_step_draft == 1.0
+    # the target's constants are the 8B preset's; only the draft differs
+    for name in ("weight_bytes", "kv_bytes_per_token", "fixed_s", "spec_fixed_s"):
+        assert getattr(mtp, name) == getattr(PRESETS["llama3-8b-h100"], name)
+    # the full-vocabulary head makes each draft forward dearer than an EAGLE-3 head's
+    assert step_time(mtp, 1, 3)[0] > step_time(eagle, 1, 3)[0]
+    bench = load_bench()
+    assert bench.SHAPE_PRESETS["mtp"] == "llama3-8b-h100-mtp"
+
+
+def _mtp_trace(path: Path, draft: str, n: int, seed: int) -> None:
+    """``n`` records of 40 output tokens whose chains of 4 match the output 0-4 deep."""
+    rng = np.random.default_rng(seed)
+    with path.open("w") as fh:
+        for _ in range(n):
+            out = [int(t) for t in rng.integers(10, 90, size=40)]
+            chains = []
+            for p in range(len(out)):
+                good = int(rng.integers(0, 5))
+                chain = [out[p + j] if p + j < len(out) and j < good else 99 for j in range(4)]
+                chains.append(chain)
+            rec = {"set": path.stem, "prompt_ids": [1, 2, 3], "output_ids": out,
+                   "model_drafts": {draft: {"k": 4, "tokens": chains,
+                                            "probs": [[0.5] * 4] * len(out)}}}  # fmt: skip
+            fh.write(json.dumps(rec) + "\n")
+
+
+def test_benchmark_mtp_drafts_option_replays_recorded_proposals(tmp_path: Path) -> None:
+    """--mtp-drafts NAME: one MTP-shaped set per trace file from model_drafts[NAME],
+    charged with the MTP preset (the controller's prior from it, deliberately wrong),
+    against every fixed step count, plain decoding and the host EMA; a name the traces
+    lack is refused with the file named."""
+    bench = load_bench()
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    _mtp_trace(traces / "alpha.jsonl", "fake-mtp", 12, seed=1)
+    _mtp_trace(traces / "beta.jsonl", "fake-mtp", 12, seed=2)
+    out = tmp_path / "mtp.json"
+    args = ["--mtp-drafts", "fake-mtp", "--trace-dir", str(traces), "--batch-sizes", "1,256"]
+    args += ["--steps", "400", "--out", str(out), "--plot", ""]
+    ema = bench.host_ema_available()
+    report = bench.main(args if ema else [*args, "--no-host-ema"])
+    saved = json.loads(out.read_text())
+    assert set(saved["results"]) == {"mtp:alpha", "mtp:beta"}
+    params = saved["parameters"]
+    assert params["mtp_draft"] == "fake-mtp"
+    assert params["shapes"] == {"mtp:alpha": "mtp", "mtp:beta": "mtp"}
+    assert set(params["truth_presets"].values()) == {"llama3-8b-h100-mtp"}
+    assert any("model_drafts[fake-mtp]" in s for s in saved["source"])
+    table = saved["tables"]["mtp:alpha"]
+    assert table["ks"] == [1, 2, 3, 4] and table["candidate_ks"] == [0, 1, 2, 3, 4]
+    truth = bench.PRESETS["llama3-8b-h100-mtp"]
+    prior = table["controller_cost_prior"]
+    for name, scale in bench.CONTROLLER_DRAFT_PRIOR_SCALE.items():
+        assert prior[name] == pytest.approx(getattr(truth, name) * scale)
+    row = report["results"]["mtp:alpha"]["1"]
+    want = {"plain", "controller", *(f"fixed k={k}" for k in range(5))}
+    assert want | ({"host EMA"} if ema else set()) == set(row)
+    # charged as the MTP layer: k = 0 on the speculative worker is plain + a draft forward
+    t0 = bench.step_time(truth, 1, 0)[0]
+    assert row["fixed k=0"]["goodput_tok_s"] == pytest.approx(1 / t0, rel=1e-6)
+    assert row["fixed k=0"]["goodput_tok_s"] < row["plain"]["goodput_tok_s"]
+    for rows in report["bars"].values():  # a short replay: looser than the bars
+        for bars in rows.values():
+            assert bars["ctl_over_best_fixed"] >= 0.95 and bars["ctl_over_plain"] >= 0.95, bars
+    with pytest.raises(SystemExit):
+        bench.main(["--mtp-drafts", "smollm2-mtp", "--trace-dir", str(traces), "--out", ""])
+
+
+def test_check_bars_counts_a_near_tie_as_level_only_where_the_ema_sits_on_the_optimum() -> None:
+    bench = load_bench()
+
+    def row(ctl: float, ema: float, fixed1: float) -> dict[str, dict]:
+        return {"plain": {"goodput_tok_s": 100.0}, "fixed k=0": {"goodput_tok_s": 100.0},
+                "fixed k=1": {"goodput_tok_s": fixed1}, "controller": {"goodput_tok_s": ctl},
+                "host EMA": {"goodput_tok_s": ema}}  # fmt: skip
+
+    above = bench.check_bars(row(100.0, 99.9, 90.0))
+    assert above["vs_host_ema"] == "above" and above["ok"]
+    level = bench.check_bars(row(99.7, 100.0, 90.0))  # the EMA on plain, the optimum
+    assert level["vs_host_ema"] == "level" and level["ok"]
+    # 0.6 % below: not level even on the optimum
+    assert bench.check_bars(row(99.4, 100.0, 90.0))["vs_host_ema"] == "below"
+    # fixed k=1 the optimum at 120: an EMA at 119.5 is within 0.5 % of it (on it) ...
+    assert bench.check_bars(row(119.0, 119.5, 120.0))["vs_host_ema"] == "level"
+    # ... an EMA at 117.5 is not, and any shortfall from it is below
+    off = bench.check_bars(row(117.0, 117.5, 120.0))
+    assert off["vs_host_ema"] == "below" and not off["ok_host_ema"] and not off["ok"]
