@@ -82,9 +82,11 @@ def test_smollm2_parity_accept_length_and_speed(smollm2_dir, tok, start_module_s
                  "--cuda-graph-max-bs-decode", "2")  # fmt: skip
     runs = {}
     for name, args in (("baseline", ()), ("SUFFIX", spec_args)):
-        # the product's defaults: the draft gate too (the test bed turns it off elsewhere)
-        env = {"SGLANG_SPEC_EXT_DRAFT_GATE": "1"} if args else None
-        server = start_module_server(smollm2_dir, *args, env=env, max_total_tokens=16384)
+        # The draft gate stays off (the test bed's setting): it chooses verify or plain from
+        # measured step times, so on a loaded CI machine it ran steps plain that this test
+        # counts as verify steps (repeat: accept length 1.75 in one run). The assertions
+        # below are about what SUFFIX drafts; the gate has its own tests.
+        server = start_module_server(smollm2_dir, *args, max_total_tokens=16384)
         server.generate(text="Hello", max_new_tokens=4, temperature=0)  # warm-up
         runs[name] = _run(server, tok, cases)
         server.stop()  # one model server at a time on this small machine

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sglang_spec_ext.suffix.snapshot import read_header
 from tests.e2e.spec_metrics import accept_length
-from tests.harness.server import FORK_START_ENV, NO_CRASH_DIAGNOSTICS_ENV
+from tests.harness.server import NO_CRASH_DIAGNOSTICS_ENV
 
 WIDTH = 8
 NEW_TOKENS = 48
@@ -38,12 +38,10 @@ PROMPTS = [
 def _env(path: Path) -> dict[str, str]:
     # interval 0: written only at shutdown, so the file is the shutdown write's work.
     # The host's default crash diagnostics (the harness turns them off): shut down as a
-    # production server does, pause before the launcher kills its tree included; and its
-    # scheduler spawned as the host spawns it (the harness forks it by default; a forked
-    # scheduler, which starts with the launcher's state, did not make the shutdown write
-    # at the launcher's SIGTERM, and how the product shuts down is what this module tests).
+    # production server does, pause before the launcher kills its tree included. The
+    # scheduler starts by the harness's fork, which runs the child's atexit hooks as the
+    # host's spawn does (tests/harness/fork_start), so the shutdown write is the product's.
     return {
-        FORK_START_ENV: "0",
         "SGLANG_SPEC_EXT_SNAPSHOT_PATH": str(path),
         "SGLANG_SPEC_EXT_SNAPSHOT_INTERVAL_S": "0",
         **dict.fromkeys(NO_CRASH_DIAGNOSTICS_ENV, "1"),

@@ -1,7 +1,7 @@
 """Two TP ranks on gloo: every decision a rank could take from local state is the first
 rank's, and a fault on one rank never skips a collective on that rank only.
 
-Each test spawns two processes that join a gloo process group (the kind the host's TP
+Each test starts two processes (tests/harness/tp_ranks.py) that join a gloo process group (the kind the host's TP
 group uses for its ``cpu_group``; a plain gloo group stands in for the host's
 ``GroupCoordinator``, whose distributed runtime needs the server) with a short
 collective timeout, so a rank left waiting in a collective its partner skipped fails
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch.multiprocessing as mp
+from tests.harness.tp_ranks import rank_context
 
 STEPS = 240
 BATCH_SIZES = [1, 2, 4, 8]
@@ -37,7 +37,7 @@ COLLECTIVE_TIMEOUT_S = 20
 
 
 def _run_two_ranks(target: Callable[..., dict], tmp_path: Path) -> tuple[dict, dict]:
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()  # forks from a preloaded forkserver
     procs = [ctx.Process(target=_rank_entry, args=(target, r, str(tmp_path))) for r in range(2)]
     for p in procs:
         p.start()

@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-import torch.multiprocessing as mp
+from tests.harness.tp_ranks import rank_context
 
 MAX_WIDTH = 8
 STEPS = 80
@@ -109,7 +109,7 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
 
 
 def test_ranks_with_different_clocks_choose_the_same_widths(tmp_path):
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()  # forks from a preloaded forkserver
     procs = [
         ctx.Process(target=_rank_main, args=(r, str(tmp_path / "store"), str(tmp_path)))
         for r in range(2)

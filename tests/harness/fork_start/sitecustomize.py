@@ -7,7 +7,8 @@ transformers, the whole of ``sglang.srt``): on the 2-core test machine about 20 
 directory on the server's PYTHONPATH after the CPU-serving site directory (whose
 ``sitecustomize`` runs the next one on the path, this one), the launcher's
 ``multiprocessing.set_start_method("spawn", ...)`` sets ``fork`` instead: the children
-start from the launcher's memory, with its imports done. The test servers of
+start from the launcher's memory, with its imports done, and run their own atexit hooks
+when they end, as spawned children do. The test servers of
 ``tests/harness/server.py`` use it; the product (``sglang-spec-ext serve-cpu``, the
 benchmarks, the soak) keeps the host's ``spawn``.
 
@@ -49,6 +50,23 @@ def _install() -> None:
         return real_start(self)
 
     multiprocessing.process.BaseProcess.start = start
+
+    # A forked child ends in os._exit, so the atexit hooks it registered (the plugin's
+    # SUFFIX snapshot write at shutdown, for one) would never run, where a spawned child
+    # ends in sys.exit and runs them. The child starts without the launcher's hooks (a
+    # spawned one would not have them) and runs its own when its target returns.
+    real_bootstrap = multiprocessing.process.BaseProcess._bootstrap
+
+    def _bootstrap(self, parent_sentinel=None):
+        import atexit
+
+        atexit._clear()
+        try:
+            return real_bootstrap(self, parent_sentinel)
+        finally:
+            atexit._run_exitfuncs()
+
+    multiprocessing.process.BaseProcess._bootstrap = _bootstrap
 
 
 if os.environ.get(ENV) == "1":
