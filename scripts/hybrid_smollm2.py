@@ -3,7 +3,8 @@
 Four servers, one workload: plain decoding, SUFFIX alone, STANDALONE alone (the
 14 + 8-layer draft of ``build_truncated_draft``) and HYBRID (the same draft plus the
 suffix drafter), all verifying ``--speculative-num-steps 3 --speculative-eagle-topk 1
---speculative-num-draft-tokens 4`` (SUFFIX at the same verify width, chain drafts).
+--speculative-num-draft-tokens 4`` (SUFFIX at the same verify width, chain drafts;
+``--steps N`` verifies N-step chains at width N + 1 instead).
 The workload mixes chat (MT-bench / ShareGPT first turns from the committed chat
 trace) and code edits (the README demo's), interleaved, sent together. Prints and
 writes (JSON) whether each server's greedy output equals plain serving, the accept
@@ -19,7 +20,7 @@ with no draft path (its MTP layer against the suffix drafts); plain and SUFFIX a
 served on the same checkpoint.
 
     .venv/bin/python scripts/hybrid_smollm2.py [--per-kind 4] [--max-new-tokens 48]
-        [--modes eager,overlap,graphs] [--draft weak|mtp]
+        [--modes eager,overlap,graphs] [--draft weak|mtp] [--steps 3]
 """
 
 from __future__ import annotations
@@ -39,8 +40,13 @@ from model_draft_smollm2 import run, serve  # noqa: E402
 
 from sglang_spec_ext.machine import machine_info  # noqa: E402
 
-SHAPE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-         "--speculative-num-draft-tokens", "4"]  # fmt: skip
+
+def shape(steps: int) -> list[str]:
+    """A top-1 chain of ``steps`` draft steps, verify width ``steps + 1``."""
+    return ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(steps + 1)]  # fmt: skip
+
+
 CHAIN = {"SGLANG_SPEC_EXT_USE_TREE": "0"}  # SUFFIX at the chain shape HYBRID verifies
 
 
@@ -113,8 +119,13 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated, of {', '.join(MODES)}")  # fmt: skip
     ap.add_argument("--draft", choices=("weak", "mtp"), default="weak",
                     help="weak: 14+8-layer STANDALONE draft; mtp: the target's trained MTP layer")  # fmt: skip
+    ap.add_argument("--steps", type=int, default=3,
+                    help="draft steps of the chain (verify width steps + 1); 1 is the host "
+                    "docs' MiMo-7B-RL setting")  # fmt: skip
     ap.add_argument(
-        "--json", default=None, help="default benchmarks/results/hybrid_smollm2[_mtp].json"
+        "--json",
+        default=None,
+        help="default benchmarks/results/hybrid_smollm2[_mtp][_stepsN].json (N when not 3)",
     )
     args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -127,24 +138,28 @@ def main(argv: list[str] | None = None) -> int:
 
     from sglang_spec_ext.demo_model import ensure_smollm2_dir, ensure_smollm2_draft
 
+    if not 1 <= args.steps <= 8:
+        ap.error(f"--steps {args.steps}: expected 1 to 8")
     mtp = args.draft == "mtp"
+    chain = shape(args.steps)
     if args.json is None:
-        args.json = str(REPO / f"benchmarks/results/hybrid_smollm2{'_mtp' if mtp else ''}.json")
+        tag = ("_mtp" if mtp else "") + (f"_steps{args.steps}" if args.steps != 3 else "")
+        args.json = str(REPO / f"benchmarks/results/hybrid_smollm2{tag}.json")
     if mtp:
         from sglang_spec_ext.smollm2_mtp import ensure_smollm2_mtp
 
         model, single = ensure_smollm2_mtp(), "NEXTN"
-        draft = SHAPE  # the target's own MTP layer: no draft path
+        draft = chain  # the target's own MTP layer: no draft path
     else:
         model, single = ensure_smollm2_dir(), "STANDALONE"
-        draft = ["--speculative-draft-model-path", str(ensure_smollm2_draft()), *SHAPE]
+        draft = ["--speculative-draft-model-path", str(ensure_smollm2_draft()), *chain]
     tok = AutoTokenizer.from_pretrained(model)
     cases = workload(tok, args.per_kind)
     prompts = [ids for _, ids in cases]
     configs = {
         "plain": ([], {}),
-        "SUFFIX": (["--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", "4"],
-                   CHAIN),
+        "SUFFIX": (["--speculative-algorithm", "SUFFIX",
+                    "--speculative-num-draft-tokens", str(args.steps + 1)], CHAIN),
         single: (["--speculative-algorithm", single, *draft], {}),
         "HYBRID": (["--speculative-algorithm", "HYBRID", *draft],
                    {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}),
@@ -184,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             else "SmolLM2-135M-Instruct target, 14+8-layer truncated draft"
         )
         + ", SGLang CPU engine, "
-        "greedy, all requests sent together; steps 3, topk 1, verify width 4; per serving "
+        f"greedy, all requests sent together; steps {args.steps}, topk 1, verify width "
+        f"{args.steps + 1}; per serving "
         "mode of the CPU test bed (eager; SGLANG_SPEC_EXT_CPU_OVERLAP=1; that plus "
         "SGLANG_SPEC_EXT_CPU_GRAPHS=1 with decode graphs for batch sizes 1, 2, 4, 8); plain "
         "decoding served once, in the first mode, as every mode's reference",
@@ -195,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             "requests": len(prompts),
             "modes": modes,
             "draft": args.draft,
+            "steps": args.steps,
             "model": model.name,
         },  # fmt: skip
         "modes": by_mode,

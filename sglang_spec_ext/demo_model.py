@@ -27,7 +27,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,22 @@ def _is_complete(model_dir: Path) -> bool:
     return all((model_dir / name).is_file() for name in _REQUIRED_FILES)
 
 
+def publish_dir(target: Path, build: Callable[[Path], None]) -> Path:
+    """``build`` a directory in a temporary sibling of ``target``, then move it there by
+    atomic rename (an older ``target``, complete or an interrupted leftover, is replaced):
+    a reader never sees a half-written directory. Call under the target's file lock."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def _convert(gguf: Path, out_dir: Path) -> None:
     model, tokenizer = load_smollm2_from_gguf(gguf)
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -155,15 +171,7 @@ def ensure_smollm2_dir(cache_dir: Path | None = None) -> Path:
     with _file_lock(cache_dir / f".{SMOLLM2_DIR_NAME}.lock"):
         if _is_complete(target):
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIR_NAME}.", dir=cache_dir))
-        try:
-            _convert(gguf, tmp)
-            if target.exists():  # an incomplete leftover from an interrupted older layout
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        publish_dir(target, lambda tmp: _convert(gguf, tmp))
     return target
 
 

@@ -26,7 +26,6 @@ import os
 import random
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from sglang_spec_ext.demo_model import (
     _file_lock,
     default_cache_dir,
     ensure_smollm2_dir,
+    publish_dir,
 )
 
 SMOLLM2_MTP_DIR_NAME = f"{SMOLLM2_DIR_NAME}-mimo-mtp"
@@ -74,8 +74,8 @@ GENERAL_TASKS = (
 
 @dataclass
 class DataConfig:
-    """What the layer is trained on (defaults: ~20 min of this 2-core machine's CPU
-    for data, ~15 min for training)."""
+    """What the layer is trained on (the CPU time the defaults took on a 2-core machine:
+    benchmarks/results/smollm2_mtp_training.json, ``data.stats.data_cpu_s``)."""
 
     text_tokens: int = 30_000  # teacher-forced chunks of shipped text
     chunk_tokens: int = 384
@@ -428,16 +428,13 @@ def ensure_smollm2_mtp(
         if _is_complete(target) and not force:
             return target
         tensors, report = train_smollm2_mtp(data, train, progress=progress, data_cache=data_cache)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_MTP_DIR_NAME}.", dir=cache_dir))
-        try:
-            write_mimo_dir(ensure_smollm2_dir(cache_dir), tmp, tensors)
+        source = ensure_smollm2_dir(cache_dir)
+
+        def build(tmp: Path) -> None:
+            write_mimo_dir(source, tmp, tensors)
             (tmp / "TRAINING.json").write_text(json.dumps(report, indent=2) + "\n")
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+
+        publish_dir(target, build)
     return target
 
 

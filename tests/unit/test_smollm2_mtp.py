@@ -10,19 +10,7 @@ from pathlib import Path
 import pytest
 
 from sglang_spec_ext import demo_model, make_model, smollm2_mtp
-
-
-def _have_smollm2() -> bool:
-    try:
-        demo_model.find_smollm2_gguf()
-    except FileNotFoundError:
-        return False
-    return True
-
-
-needs_smollm2 = pytest.mark.skipif(
-    not _have_smollm2(), reason=f"SmolLM2 GGUF absent: {demo_model.SMOLLM2_INSTALL_HINT}"
-)
+from tests.unit.test_demo_model import needs_smollm2
 
 
 @needs_smollm2
