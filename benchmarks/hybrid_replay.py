@@ -21,6 +21,8 @@ parameters, machine, versions) and a plot next to it.
 
     python benchmarks/hybrid_replay.py
     python benchmarks/hybrid_replay.py --ks 5 --sets chat
+    python benchmarks/hybrid_replay.py --draft smollm2-mtp --ks 1 3 5 \
+        --out benchmarks/results/hybrid_replay_mtp.json    # the MTP layer as model draft
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from sglang_spec_ext.replay.report import format_table
 
 HERE = Path(__file__).resolve().parent
 SETS = ("chat", "code-edit", "agentic")
+WEAK_DRAFT = "smollm2-l14+8"  # benchmarks/model_drafts.py's default draft
 MIXED = ("chat", "code-edit")  # interleaved into the "mixed" workload
 POLICIES = ("suffix", "model", "arctic", "match", "learned", ORACLE)
 BASELINES = ("suffix", "model", "arctic", "match")
@@ -188,7 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sets", nargs="+", default=list(SETS))
     ap.add_argument("--ks", nargs="+", type=int, default=[3, 5])
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
-    ap.add_argument("--draft", default=None, help="model draft name (default: the only one)")
+    ap.add_argument(
+        "--draft",
+        default=WEAK_DRAFT,
+        help=f"model draft recorded in the traces (default {WEAK_DRAFT}, the weak "
+        "truncated draft; smollm2-mtp: the trained MTP layer's chains)",
+    )
     ap.add_argument("--out", type=Path, default=HERE / "results" / "hybrid_replay.json")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")

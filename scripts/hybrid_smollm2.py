@@ -20,7 +20,7 @@ with no draft path (its MTP layer against the suffix drafts); plain and SUFFIX a
 served on the same checkpoint.
 
     .venv/bin/python scripts/hybrid_smollm2.py [--per-kind 4] [--max-new-tokens 48]
-        [--modes eager,overlap,graphs] [--draft weak|mtp] [--steps 3]
+        [--modes eager,overlap,graphs] [--draft weak|mtp] [--steps 3] [--rules]
 """
 
 from __future__ import annotations
@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated, of {', '.join(MODES)}")  # fmt: skip
     ap.add_argument("--draft", choices=("weak", "mtp"), default="weak",
                     help="weak: 14+8-layer STANDALONE draft; mtp: the target's trained MTP layer")  # fmt: skip
+    ap.add_argument("--rules", action="store_true",
+                    help="also serve HYBRID with ArcticInference's threshold rule and the "
+                    "match-length rule (SGLANG_SPEC_EXT_HYBRID_POLICY=arctic, match)")  # fmt: skip
     ap.add_argument("--steps", type=int, default=3,
                     help="draft steps of the chain (verify width steps + 1); 1 is the host "
                     "docs' MiMo-7B-RL setting")  # fmt: skip
@@ -164,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         "HYBRID": (["--speculative-algorithm", "HYBRID", *draft],
                    {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}),
     }  # fmt: skip
+    if args.rules:  # HYBRID's choice by ArcticInference's and Baseten's fixed rules
+        for rule in ("arctic", "match"):
+            configs[f"HYBRID-{rule}"] = (configs["HYBRID"][0], {
+                **configs["HYBRID"][1], "SGLANG_SPEC_EXT_HYBRID_POLICY": rule})  # fmt: skip
     by_mode: dict[str, dict] = {}
     # plain decoding once (greedy output does not depend on the mode): every mode's
     # reference for identical output
@@ -212,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             "modes": modes,
             "draft": args.draft,
             "steps": args.steps,
+            "rules": args.rules,
             "model": model.name,
         },  # fmt: skip
         "modes": by_mode,
