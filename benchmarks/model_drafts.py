@@ -88,6 +88,8 @@ def greedy_chains(
     import torch
     from transformers import DynamicCache
 
+    from sglang_spec_ext.mtp_layer import chain_masks
+
     if start < 1 or start > len(ids):
         raise ValueError(f"start={start} must be in [1, len(ids)={len(ids)}]")
     if k < 1:
@@ -97,7 +99,6 @@ def greedy_chains(
         return [], []
     ctx = len(ids) - 1  # tokens the prefix pass needs: ids[:start + n - 1]
     dtype = next(model.parameters()).dtype
-    neg = torch.finfo(dtype).min
     rows = torch.arange(n)
     tokens = torch.empty((n, k), dtype=torch.long)
     probs = torch.empty((n, k), dtype=torch.float32)
@@ -116,19 +117,10 @@ def greedy_chains(
             use_cache=True,
         )
         take(out.last_hidden_state[0, start - 1 : start - 1 + n], 0)
-        # Prefix part of the mask: row j sees ids[:start + j] (cached keys 0..ctx-1).
-        prefix = torch.where(
-            torch.arange(ctx)[None, :] < (start + rows)[:, None],
-            torch.tensor(0.0, dtype=dtype),
-            torch.tensor(neg, dtype=dtype),
-        )
-        for depth in range(1, k):
-            # Cached draft groups 0..depth-2 plus this pass's tokens (group depth-1):
-            # row j sees entry j of every group (its own chain), nothing else.
-            chain = torch.full((n, depth * n), neg, dtype=dtype)
-            for g in range(depth):
-                chain[rows, g * n + rows] = 0.0
-            mask = torch.cat([prefix, chain], dim=1)[None, None]
+        # Row j sees ids[:start + j] (cached keys 0..ctx-1), then entry j of every cached
+        # draft group 0..depth-2 and of this pass's tokens (group depth-1): its own chain.
+        masks = chain_masks(ctx, start + rows - 1, k, dtype)
+        for depth, mask in enumerate(masks, start=1):
             out = model.model(
                 input_ids=tokens[:, depth - 1][None],
                 attention_mask=mask,

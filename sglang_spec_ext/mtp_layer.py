@@ -22,7 +22,7 @@ use the checkpoint names the host's loader maps (``model.mtp_layers.0.*``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -193,7 +193,6 @@ def mtp_chains(
         return [], []
     ctx = len(ids) - 2  # MTP positions 0 .. len-3 carry (h_q, ids[q+1])
     dtype = mtp.lm_weight.dtype
-    neg = torch.finfo(dtype).min
     rows = torch.arange(n)
     tokens = torch.empty((n, k), dtype=torch.long)
     probs = torch.empty((n, k), dtype=torch.float32)
@@ -216,18 +215,10 @@ def mtp_chains(
         last = g[start - 2 : start - 2 + n]
         take(last, 0)
         # Row j (p = start + j) sees the true cached positions q <= p - 2 (pass 1's
-        # entry at p - 2 is its own first step, made from the true inputs) ...
-        prefix = torch.where(
-            torch.arange(ctx)[None, :] <= (start - 2 + rows)[:, None],
-            torch.tensor(0.0, dtype=dtype),
-            torch.tensor(neg, dtype=dtype),
-        )
-        for depth in range(1, k):
-            # ... and its own entries of the later passes (groups 0..depth-1), nothing else.
-            chain = torch.full((n, depth * n), neg, dtype=dtype)
-            for grp in range(depth):
-                chain[rows, grp * n + rows] = 0.0
-            mask = torch.cat([prefix, chain], dim=1)[None, None]
+        # entry at p - 2 is its own first step, made from the true inputs) and its own
+        # entries of the later passes.
+        masks = chain_masks(ctx, start - 2 + rows, k, dtype)
+        for depth, mask in enumerate(masks, start=1):
             last = mtp(
                 last[None],
                 tokens[:, depth - 1][None],
@@ -238,6 +229,28 @@ def mtp_chains(
             )[0]
             take(last, depth)
     return tokens.tolist(), probs.tolist()
+
+
+def chain_masks(
+    ctx: int, visible: torch.Tensor, k: int, dtype: torch.dtype
+) -> Iterator[torch.Tensor]:
+    """The additive 4D attention masks of passes 2..``k`` of batched greedy chains over one
+    cache: ``ctx`` cached true positions, then one group of ``n = len(visible)`` entries
+    per pass. Row ``j`` sees the true positions ``0..visible[j]`` and its own entry of every
+    earlier pass (its own chain so far), nothing else."""
+    n = visible.shape[0]
+    neg = torch.finfo(dtype).min
+    rows = torch.arange(n)
+    prefix = torch.where(
+        torch.arange(ctx)[None, :] <= visible[:, None],
+        torch.tensor(0.0, dtype=dtype),
+        torch.tensor(neg, dtype=dtype),
+    )
+    for depth in range(1, k):
+        chain = torch.full((n, depth * n), neg, dtype=dtype)
+        for grp in range(depth):
+            chain[rows, grp * n + rows] = 0.0
+        yield torch.cat([prefix, chain], dim=1)[None, None]
 
 
 def naive_mtp_chains(
