@@ -4,8 +4,9 @@
   ``python -m sglang.launch_server`` line (with the environment it sets) goes through
   the host's real argument pipeline with the plugin registered
   (``prepare_server_args -> resolve_once -> check_server_args``), its placeholders
-  (``MODEL``, ``EAGLE3_HEAD``) replaced by a tiny model and a random-weight EAGLE3 head
-  built here, and ``--device cpu`` added (this machine has no GPU): a flag the host or
+  (``MODEL``, ``EAGLE3_HEAD``, the hub id ``XiaomiMiMo/MiMo-7B-RL``) replaced by a tiny
+  model, a random-weight EAGLE3 head and a tiny MiMo with an MTP layer built here, and
+  ``--device cpu`` added (this machine has no GPU): a flag the host or
   the plugin refuses fails the test. ``sglang-spec-ext serve-cpu -- ARGS`` is run with
   ``--print-command`` and its server arguments are resolved the same way;
   ``sglang-spec-ext doctor`` runs; the two set-up scripts are checked by ``bash -n``;
@@ -57,10 +58,14 @@ def test_readme_is_a_front_page():
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     from sglang_spec_ext.testing_models import build_eagle3_head, build_tiny_llama
+    from sglang_spec_ext.testing_mtp import build_tiny_mimo_mtp
 
     model = build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0)
     head = build_eagle3_head(model, tmp_path_factory.mktemp("eagle3") / "head")
-    return {"MODEL": str(model), "EAGLE3_HEAD": str(head)}
+    # the README's MiMo-7B-RL command: a tiny MiMo with its MTP layer stands in (same
+    # architecture, no download)
+    mimo = build_tiny_mimo_mtp(tmp_path_factory.mktemp("mimo") / "mimo")
+    return {"MODEL": str(model), "EAGLE3_HEAD": str(head), "XiaomiMiMo/MiMo-7B-RL": str(mimo)}
 
 
 def _resolve(argv: list[str], env: dict[str, str], monkeypatch) -> None:
@@ -148,7 +153,18 @@ def _expected_figures() -> dict[str, list[str]]:
         r["parity_mismatches"] == 0 and r["server_alive"] for r in soak.values()
     )
     n = checked.pop()
+    mtp = _load("hybrid_smollm2_mtp.json")["modes"]
+    assert set(mtp) == {"eager", "graphs"}
+    assert all(r["identical_to_plain"] for m in mtp.values() for r in m["results"].values())
+    acc, graphs = ({k: r["accept_length"] for k, r in mtp[m]["results"].items() if k != "plain"}
+                   for m in ("eager", "graphs"))  # fmt: skip
+    assert acc == graphs  # the row gives one figure for both modes
     return {
+        "hybrid_smollm2_mtp.json": [
+            f"{acc['HYBRID']:.2f} vs {acc['NEXTN']:.2f} for MTP alone (NEXTN), "
+            f"{acc['HYBRID'] / acc['NEXTN']:.2f}x",
+            f"SUFFIX {acc['SUFFIX']:.2f}",
+        ],
         "replay_compare.json": [
             f"{at16['suffix']:.2f} vs {at16['arctic']:.2f} ({at16['suffix'] / at16['arctic']:.2f}x)",
             f"host NGRAM {at16['ngram']:.2f}",
