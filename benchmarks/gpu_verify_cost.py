@@ -13,6 +13,7 @@ step's tokens attend to each other unmasked: the same work), the scheduler. A pr
 served measurement.
 
     python benchmarks/gpu_verify_cost.py [--layers 32] [--context 2048] --out results.json
+    python benchmarks/gpu_verify_cost.py --mtp --out results.json   # + MTP forward cost
 """
 
 from __future__ import annotations
@@ -82,7 +83,26 @@ class Step:
         return F.rms_norm(x, (s["hidden"],)) @ self.lm_head
 
 
-def time_graph(step: Step, bs: int, n: int, iters: int) -> float:
+class MTPForward:
+    """One MTP draft forward (MiMo / DeepSeek-V3 shape): ``input_proj`` over the target's
+    hidden state and the next token's embedding (``[2H, H]``), one decoder layer of the
+    target's shape with its own KV cache of ``context`` tokens, and the target's
+    full-vocabulary LM head; one token per request, as a chain step runs it."""
+
+    def __init__(self, context: int, bs_max: int, dev: str) -> None:
+        self.layer = Step(1, context, bs_max, dev)
+        self.s = self.layer.s
+        g = torch.Generator(device=dev).manual_seed(1)
+        h = self.s["hidden"]
+        self.input_proj = (torch.randn(2 * h, h, generator=g, device=dev) * 0.02).to(torch.bfloat16)
+
+    def __call__(self, x: torch.Tensor, bs: int, n: int) -> torch.Tensor:
+        h = self.s["hidden"]
+        both = torch.cat([F.rms_norm(x, (h,)), F.rms_norm(x.flip(0), (h,))], dim=-1)
+        return self.layer(both @ self.input_proj, bs, n)
+
+
+def time_graph(step: Step | MTPForward, bs: int, n: int, iters: int) -> float:
     x = torch.randn(bs * n, step.s["hidden"], device="cuda", dtype=torch.bfloat16)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -114,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--widths", default="1,4,8,16")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default="gpu_verify_cost.json")
+    ap.add_argument(
+        "--mtp",
+        action="store_true",
+        help="also time one MTP draft forward per batch size (mtp_over_plain: its time over "
+        "the plain step's), to check the controller's llama3-8b-h100-mtp prior",
+    )
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: this benchmark measures a GPU (skipped)")
@@ -124,10 +150,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--widths: at most {MAX_WIDTH} tokens per request")
     t0 = time.time()
     step = Step(args.layers, args.context, max(sizes), "cuda")
-    rows = []
+    mtp = MTPForward(args.context, max(sizes), "cuda") if args.mtp else None
+    rows, mtp_rows = [], []
     with torch.inference_mode():
         for bs in sizes:
             plain = time_graph(step, bs, 1, args.iters)
+            if mtp is not None:
+                t = time_graph(mtp, bs, 1, args.iters)
+                mtp_rows.append({"bs": bs, "plain_ms": round(plain * 1e3, 3),
+                                 "mtp_ms": round(t * 1e3, 3),
+                                 "mtp_over_plain": round(t / plain, 4)})  # fmt: skip
+                print(f"bs={bs:>4} MTP forward {t * 1e3:8.3f} ms = {t / plain:.3f} x plain",
+                      flush=True)  # fmt: skip
             for width in widths:
                 t = plain if width == 1 else time_graph(step, bs, width, args.iters)
                 rows.append({"bs": bs, "width": width, "step_ms": round(t * 1e3, 3),
@@ -151,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             "iters": args.iters,
         },  # fmt: skip
         "rows": rows,
+        "mtp_rows": mtp_rows,
         "wall_s": round(time.time() - t0, 1),
     }
     with open(args.out, "w") as f:
@@ -159,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     for bs in sizes:
         rs = [r["r"] for r in rows if r["bs"] == bs and r["width"] > 1]
         print(f"{bs:>5}" + "".join(f"{r:>10.3f}" for r in rs))
+    if mtp_rows:
+        print(f"{'bs':>5}{'MTP fwd / plain step':>22}")
+        for r in mtp_rows:
+            print(f"{r['bs']:>5}{r['mtp_over_plain']:>22.3f}")
     return 0
 
 
