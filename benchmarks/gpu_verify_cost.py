@@ -98,6 +98,8 @@ class MTPForward:
 
     def __call__(self, x: torch.Tensor, bs: int, n: int) -> torch.Tensor:
         h = self.s["hidden"]
+        # normed hidden state and a stand-in for the next token's embedding (a gather of
+        # one row per request: no cost worth modelling), concatenated as MiMo's MTP does
         both = torch.cat([F.rms_norm(x, (h,)), F.rms_norm(x.flip(0), (h,))], dim=-1)
         return self.layer(both @ self.input_proj, bs, n)
 

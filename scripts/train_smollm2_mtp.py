@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sglang_spec_ext.mtp_corpus import DataConfig
     from sglang_spec_ext.mtp_training import TrainConfig
-    from sglang_spec_ext.smollm2_mtp import DataConfig
 
     d, t = DataConfig(), TrainConfig()
     ap = argparse.ArgumentParser(

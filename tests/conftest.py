@@ -20,8 +20,10 @@ import os
 # One OpenMP thread per process, in this process and every server it starts (they inherit
 # the environment): the suite runs two test processes on two cores, each with servers of
 # up to three processes, and torch's default of one thread per core oversubscribed them;
-# OpenMP's barrier spin-waits then made forwards several times slower (measured on 2
-# cores: the soak 346 -> 105 s, SmolLM2 616 -> 163 s). A caller's setting wins.
+# OpenMP's barrier spin-waits then made forwards several times slower (2-core CI before,
+# a quiet 2-core machine after, with the forkserver and fork-start changes of
+# tests/harness: the suite 45 -> 14 minutes, the soak test 263 -> 72 s). A caller's
+# setting wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from sglang_spec_ext.sglang import cpu_placeholders

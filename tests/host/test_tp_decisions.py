@@ -1,11 +1,11 @@
 """Two TP ranks on gloo: every decision a rank could take from local state is the first
 rank's, and a fault on one rank never skips a collective on that rank only.
 
-Each test starts two processes (tests/harness/tp_ranks.py) that join a gloo process group (the kind the host's TP
-group uses for its ``cpu_group``; a plain gloo group stands in for the host's
-``GroupCoordinator``, whose distributed runtime needs the server) with a short
-collective timeout, so a rank left waiting in a collective its partner skipped fails
-the test with an error instead of hanging it. Covered:
+Each test starts two processes (tests/harness/tp_ranks.py) that join a gloo process
+group (the kind the host's TP group uses for its ``cpu_group``; a plain gloo group
+stands in for the host's ``GroupCoordinator``, whose distributed runtime needs the
+server) with a short collective timeout, so a rank left waiting in a collective its
+partner skipped fails the test with an error instead of hanging it. Covered:
 
 * the model-draft controller (``GoodputStepPolicy``, attached by the real ``attach``
   to the host's real ``adaptive_runtime_state.AdaptiveController`` over a stand-in

