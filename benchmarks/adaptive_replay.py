@@ -136,7 +136,7 @@ class HostEMAPolicy:
         drafts really have."""
         from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
 
-        from sglang_spec_ext.sglang.model_draft_adaptive import host_ema_policy
+        from sglang_spec_ext.sglang.model_drafts.adaptive import host_ema_policy
 
         logging.getLogger("sglang").setLevel(logging.WARNING)
         if max_steps is None:

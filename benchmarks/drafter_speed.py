@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from sglang_spec_ext.machine import machine_info as shared_machine_info
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter, native_available
-from sglang_spec_ext.tree import accepted_length
+from sglang_spec_ext.verify.layout import accepted_length
 
 HERE = Path(__file__).resolve().parent
 Stream = list[tuple[list[int], list[int]]]  # (prompt_ids, output_ids) per request

@@ -33,7 +33,7 @@ from tqdm import tqdm  # noqa: E402
 
 from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
 from sglang_spec_ext.machine import machine_info  # noqa: E402
-from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
+from sglang_spec_ext.sglang.cpu.serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
 
 WIDTH = 16
 #: Standard-library functions the trace asks about (their docstrings are the corpus).
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from sglang_spec_ext.demo_model import ensure_smollm2_dir
+    from sglang_spec_ext.models.smollm2 import ensure_smollm2_dir
 
     model = ensure_smollm2_dir()
     tok = AutoTokenizer.from_pretrained(model)

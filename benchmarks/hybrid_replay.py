@@ -5,7 +5,7 @@ Reads the traces with recorded model-draft proposals (``benchmarks/traces/hybrid
 written by ``benchmarks/model_drafts.py``) and replays every set (chat, code-edit,
 agentic, and ``mixed``: chat and code-edit requests alternating) at model draft
 length K in ``--ks`` (verify width K + 1, the host's width for a top-1 chain; the
-suffix draft gets the same K nodes) under each policy of ``sglang_spec_ext.hybrid``:
+suffix draft gets the same K nodes) under each policy of ``sglang_spec_ext.hybrid.choice``:
 
 * ``suffix``: SUFFIX alone; ``model``: the draft model alone;
 * ``arctic``: ArcticInference's rule (the suffix draft when its score >= K);
@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_spec_ext.hybrid import GainEstimator
+from sglang_spec_ext.hybrid.choice import GainEstimator
 from sglang_spec_ext.machine import machine_info, package_versions
 from sglang_spec_ext.replay import DrafterOptions, read_trace
 from sglang_spec_ext.replay.hybrid import ORACLE, HybridStats, interleave, replay_hybrid

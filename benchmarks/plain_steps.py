@@ -62,7 +62,7 @@ from hybrid_smollm2 import workload  # noqa: E402
 from model_draft_smollm2 import run, serve  # noqa: E402
 
 from sglang_spec_ext.machine import machine_info  # noqa: E402
-from sglang_spec_ext.sglang.plain_step import STATS_LOG_MARK  # noqa: E402
+from sglang_spec_ext.sglang.workers.plain_step import STATS_LOG_MARK  # noqa: E402
 from sglang_spec_ext.soak.runner import DRAFTER_STATS_MARK as DRAFTER_MARK  # noqa: E402
 
 LEVELS = (1, 4, 16)
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from sglang_spec_ext.demo_model import ensure_smollm2_dir, ensure_smollm2_draft
+    from sglang_spec_ext.models.smollm2 import ensure_smollm2_dir, ensure_smollm2_draft
     from sglang_spec_ext.replay.trace import read_trace
 
     model = ensure_smollm2_dir()

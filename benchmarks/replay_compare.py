@@ -10,7 +10,7 @@ own defaults: suffix with SuffixConfig's (tuned), suffix-prev with the settings
 SUFFIX had before issue 14, arctic with ArcticInference's (budget 1 x match
 length, min prob 0.1); arctic-wide is a labelled reference: ArcticInference
 given our budget settings. Also checks how well SUFFIX's node probabilities
-predict acceptance (sglang_spec_ext.calibration, width 16). Prints a set x
+predict acceptance (sglang_spec_ext.hybrid.calibration, width 16). Prints a set x
 drafter table, the calibration check and the ratios behind the issue-14 bars last, writes ``benchmarks/results/replay_compare.json``, a bar
 plot next to it, and the suffix drafter's acceptance tables
 (``results/acceptance/<set>.jsonl``, for the adaptive controller benchmark).
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_spec_ext.calibration import AcceptanceCalibrator
+from sglang_spec_ext.hybrid.calibration import AcceptanceCalibrator
 from sglang_spec_ext.machine import machine_info, package_versions
 from sglang_spec_ext.replay import (
     DRAFTER_NAMES,
@@ -155,7 +155,7 @@ class _Recording:
 def calibration_check(args: argparse.Namespace, files: dict[str, Path], width: int) -> dict:
     """How honest SUFFIX's node probabilities are: per set, the raw expectation (sum
     of node probabilities per step) vs the accepted draft tokens per step, and the
-    reliability table of ``sglang_spec_ext.calibration`` (raw bin -> observed rate)."""
+    reliability table of ``sglang_spec_ext.hybrid.calibration`` (raw bin -> observed rate)."""
     out: dict = {}
     for set_name, path in files.items():
         cal = AcceptanceCalibrator()

@@ -2,7 +2,7 @@
 and without the drafter snapshot (SGLANG_SPEC_EXT_SNAPSHOT_PATH).
 
 Served by the real SGLang CPU engine with the embedded model (SmolLM2-135M-Instruct,
-the one ``bench`` and the demo use; sglang_spec_ext/demo_model.py), greedy, one
+the one ``bench`` and the demo use; sglang_spec_ext/models/smollm2.py), greedy, one
 request at a time, SUFFIX at verify width 8. The trace is built deterministically
 from the committed trace sets (benchmarks/traces):
 
@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
 from sglang_spec_ext.machine import machine_info  # noqa: E402
 from sglang_spec_ext.replay.trace import read_trace  # noqa: E402
-from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
+from sglang_spec_ext.sglang.cpu.serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
 
 WIDTH = 8
 SEED = 0
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    from sglang_spec_ext.demo_model import ensure_smollm2_dir
+    from sglang_spec_ext.models.smollm2 import ensure_smollm2_dir
 
     machine = machine_info()
     print(f"machine: {machine['cpu']} x{machine['cpu_count']}, gpu {machine['gpu']}, "

@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
 from sglang_spec_ext.machine import machine_info  # noqa: E402
-from sglang_spec_ext.sglang.cpu_serving import (  # noqa: E402
+from sglang_spec_ext.sglang.cpu.serving import (  # noqa: E402
     GPU_PATH_ENV,
     cpu_serving_env,
     with_cpu_defaults,
@@ -134,7 +134,7 @@ def token_pool(model_dir: Path) -> list[int]:
 
 
 def default_model() -> Path:
-    from sglang_spec_ext.testing_models import build_tiny_llama
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
 
     path = Path(tempfile.gettempdir()) / "sglang-spec-ext-soak-tiny-llama"
     if not (path / "config.json").exists():
@@ -144,7 +144,7 @@ def default_model() -> Path:
 
 def weak_draft(model: Path) -> Path:
     """HYBRID's model draft: the soak model's first layer (same vocabulary, weak)."""
-    from sglang_spec_ext.testing_models import build_truncated_draft
+    from sglang_spec_ext.models.testing.llama import build_truncated_draft
 
     return build_truncated_draft(model, Path(tempfile.gettempdir()) / f"{model.name}-draft-l1", 1)
 
@@ -168,8 +168,8 @@ def gpu_path_seen(log_path: Path, gpu_path: str, name: str) -> dict[str, object]
     between decode steps, width changes; HYBRID is not overlapped, by design); how many
     graph shapes were captured and first replayed (a width the graphs were not captured
     at runs eagerly, as on a GPU)."""
-    from sglang_spec_ext.sglang.cpu_graphs import CAPTURE_MESSAGE, REPLAY_MESSAGE
-    from sglang_spec_ext.sglang.cpu_overlap import LOOP_MESSAGE, TRACE_MESSAGE, parse_trace
+    from sglang_spec_ext.sglang.cpu.graphs import CAPTURE_MESSAGE, REPLAY_MESSAGE
+    from sglang_spec_ext.sglang.cpu.overlap import LOOP_MESSAGE, TRACE_MESSAGE, parse_trace
 
     seen: dict[str, object] = {}
     env = GPU_PATH_ENV[gpu_path]
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         refused = [a for a in algorithms if ALGORITHMS[a][1].get("SGLANG_SPEC_EXT_ADAPTIVE")]
         if refused:
             ap.error(f"--lora: {refused} run the controller, which refuses LoRA")
-        from sglang_spec_ext.testing_lora import build_lora_adapter
+        from sglang_spec_ext.models.testing.lora import build_lora_adapter
 
         adapters = {
             name: build_lora_adapter(model, log_dir / "adapters" / name, seed=seed)

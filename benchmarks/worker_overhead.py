@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
 from sglang_spec_ext.machine import machine_info  # noqa: E402
-from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
+from sglang_spec_ext.sglang.cpu.serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
 
 SITE = REPO / "benchmarks" / "overhead_site"
 MARK = "sglang-spec-ext bench step times:"
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from sglang_spec_ext.testing_models import build_tiny_llama, build_truncated_draft
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama, build_truncated_draft
 
     work = Path(tempfile.mkdtemp(prefix="worker-overhead-"))
     model = build_tiny_llama(work / "tiny", seed=0)

@@ -57,7 +57,7 @@ def run_level(server, prompts: list[list[int]], concurrency: int, max_new: int) 
 
 
 def steps_chosen(log_path: Path) -> dict[int, dict[int, int]]:
-    from sglang_spec_ext.sglang.model_draft_adaptive import STEPS_LOG_MARK
+    from sglang_spec_ext.sglang.model_drafts.adaptive import STEPS_LOG_MARK
 
     total: dict[int, dict[int, int]] = {}
     for line in log_path.read_text(errors="replace").splitlines():
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from sglang_spec_ext.demo_model import ensure_smollm2_dir, ensure_smollm2_draft
+    from sglang_spec_ext.models.smollm2 import ensure_smollm2_dir, ensure_smollm2_draft
 
     model = ensure_smollm2_dir()
     weak = ensure_smollm2_draft()

@@ -16,7 +16,7 @@ traces in turn) a long request A runs
 on servers of one build that differ only in the flag: ``warm`` (the host default,
 the draft extend runs at zero steps), ``skip`` and ``repair`` (our draft-KV repair:
 skip, then rebuild the skipped draft KV when the request drafts again;
-``sglang/draft_kv_repair.py``); ``--servers`` picks them (warm always). A's decode
+``sglang/model_drafts/kv_repair.py``); ``--servers`` picks them (warm always). A's decode
 steps after B finished (its verify steps minus B's) and the tokens they committed give
 A's accept length after the upshift; the servers' outputs must be identical (greedy).
 Measured here; accept lengths do not depend on the device.
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    from sglang_spec_ext.demo_model import ensure_smollm2_dir, ensure_smollm2_draft
+    from sglang_spec_ext.models.smollm2 import ensure_smollm2_dir, ensure_smollm2_draft
 
     model = ensure_smollm2_dir()
     weak = ensure_smollm2_draft()

@@ -26,10 +26,10 @@ sys.path.insert(0, str(REPO))
 import requests  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from sglang_spec_ext.bench.demo_workloads import ChatCase, demo_cases  # noqa: E402
 from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
-from sglang_spec_ext.demo_workloads import ChatCase, demo_cases  # noqa: E402
 from sglang_spec_ext.machine import machine_info  # noqa: E402
-from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
+from sglang_spec_ext.sglang.cpu.serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
 
 
 class DemoServer(LaunchedServer):
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from sglang_spec_ext.demo_model import ensure_smollm2_dir
+    from sglang_spec_ext.models.smollm2 import ensure_smollm2_dir
 
     model_dir = ensure_smollm2_dir()
     tok = AutoTokenizer.from_pretrained(model_dir)

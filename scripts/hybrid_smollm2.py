@@ -51,7 +51,7 @@ CHAIN = {"SGLANG_SPEC_EXT_USE_TREE": "0"}  # SUFFIX at the chain shape HYBRID ve
 
 
 def workload(tok, per_kind: int) -> list[tuple[str, list[int]]]:
-    from sglang_spec_ext.demo_workloads import code_edit_cases
+    from sglang_spec_ext.bench.demo_workloads import code_edit_cases
     from sglang_spec_ext.replay.trace import read_trace
 
     chat = [("chat", list(r.prompt_ids)) for r in read_trace(REPO / "benchmarks/traces/chat.jsonl")]
@@ -73,7 +73,7 @@ def run_all(server, prompts: list[list[int]], max_new_tokens: int) -> list[dict]
 
 
 def hybrid_shares(log_path: Path) -> dict | None:
-    from sglang_spec_ext.sglang.hybrid_worker import STATS_LOG_MARK
+    from sglang_spec_ext.sglang.workers.hybrid_worker import STATS_LOG_MARK
 
     lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if STATS_LOG_MARK in ln]
     if not lines:
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from sglang_spec_ext.demo_model import ensure_smollm2_dir, ensure_smollm2_draft
+    from sglang_spec_ext.models.smollm2 import ensure_smollm2_dir, ensure_smollm2_draft
 
     if not 1 <= args.steps <= 8:
         ap.error(f"--steps {args.steps}: expected 1 to 8")
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         tag = ("_mtp" if mtp else "") + (f"_steps{args.steps}" if args.steps != 3 else "")
         args.json = str(REPO / f"benchmarks/results/hybrid_smollm2{tag}.json")
     if mtp:
-        from sglang_spec_ext.smollm2_mtp import ensure_smollm2_mtp
+        from sglang_spec_ext.models.smollm2_mtp import ensure_smollm2_mtp
 
         model, single = ensure_smollm2_mtp(), "NEXTN"
         draft = chain  # the target's own MTP layer: no draft path

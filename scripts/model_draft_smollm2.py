@@ -24,10 +24,10 @@ sys.path.insert(0, str(REPO))
 
 import requests  # noqa: E402
 
+from sglang_spec_ext.bench.demo_workloads import demo_cases  # noqa: E402
 from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
-from sglang_spec_ext.demo_workloads import demo_cases  # noqa: E402
 from sglang_spec_ext.machine import machine_info  # noqa: E402
-from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
+from sglang_spec_ext.sglang.cpu.serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
 
 SHAPE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]  # fmt: skip
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from sglang_spec_ext.demo_model import ensure_smollm2_dir, ensure_smollm2_draft
+    from sglang_spec_ext.models.smollm2 import ensure_smollm2_dir, ensure_smollm2_draft
 
     model = ensure_smollm2_dir()
     weak = ensure_smollm2_draft()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train the embedded SmolLM2's MTP layer (``sglang_spec_ext.smollm2_mtp``) and record
+"""Train the embedded SmolLM2's MTP layer (``sglang_spec_ext.models.smollm2_mtp``) and record
 how: data, settings, CPU time, held-out step-1 agreement.
 
 Writes the model to the cache (where ``sglang-spec-ext make-model smollm2-mtp`` and the
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sglang_spec_ext.mtp_corpus import DataConfig
-    from sglang_spec_ext.mtp_training import TrainConfig
+    from sglang_spec_ext.models.mtp_corpus import DataConfig
+    from sglang_spec_ext.models.mtp_training import TrainConfig
 
     d, t = DataConfig(), TrainConfig()
     ap = argparse.ArgumentParser(
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from sglang_spec_ext.machine import machine_info, package_versions
-    from sglang_spec_ext.smollm2_mtp import ensure_smollm2_mtp
+    from sglang_spec_ext.models.smollm2_mtp import ensure_smollm2_mtp
 
     torch.set_num_threads(args.threads)
     data = DataConfig(chat_prompts=args.chat_prompts, text_tokens=args.text_tokens,

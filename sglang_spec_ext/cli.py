@@ -19,11 +19,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("sglang_spec_ext.bench.cli", "compare baseline and speculative serving"),
     "tune": ("sglang_spec_ext.tune", "search draft settings on traces or a launched server"),
     "make-model": (
-        "sglang_spec_ext.make_model",
+        "sglang_spec_ext.models.make_model",
         "write an embedded model (smollm2, smollm2-mtp, weak drafts) to a directory",
     ),
     "serve-cpu": (
-        "sglang_spec_ext.sglang.cpu_serving",
+        "sglang_spec_ext.sglang.cpu.serving",
         "serve on the CPU engine without sgl-kernel: serve-cpu -- <launch_server args>",
     ),
 }

@@ -33,7 +33,7 @@ ADAPTIVE_PREFIX = "adaptive_"
 #: Variables read at build/install time (setup.py), not by the plugin at run time:
 #: accepted in the environment of a running server and ignored.
 BUILD_TIME_ENV = frozenset({ENV_PREFIX + "NO_NATIVE"})
-#: Test-bed switches read where they act (sglang/cpu_overlap.py, cpu_graphs.py), not
+#: Test-bed switches read where they act (sglang/cpu/overlap.py, cpu/graphs.py), not
 #: config fields.
 TEST_BED_ENV = frozenset({ENV_PREFIX + "CPU_OVERLAP", ENV_PREFIX + "CPU_GRAPHS"})
 

@@ -126,7 +126,7 @@ FIELDS: tuple[Field, ...] = (
         "host_fixes",
         bool,
         True,
-        "fix host bugs that break speculative serving (see sglang/host_fixes.py)",
+        "fix host bugs that break speculative serving (see sglang/host/fixes.py)",
     ),
     Field(
         "plain_steps",
@@ -134,7 +134,7 @@ FIELDS: tuple[Field, ...] = (
         True,
         "run a decode step with nothing to verify (zero draft steps; SUFFIX with no draft for "
         "any request of the batch) as the target's plain decode forward and sampling "
-        "(sglang/plain_step.py); False: the host's one-token verify",
+        "(sglang/workers/plain_step.py); False: the host's one-token verify",
     ),
     Field(
         "draft_gate",
@@ -167,7 +167,7 @@ FIELDS: tuple[Field, ...] = (
         bool,
         False,
         "STANDALONE drafts: skip the draft extend at zero draft steps and rebuild the skipped "
-        "draft KV in one extend when a request drafts again (sglang/draft_kv_repair.py)",
+        "draft KV in one extend when a request drafts again (sglang/model_drafts/kv_repair.py)",
     ),
     Field(
         "draft_kv_repair_max_tokens",

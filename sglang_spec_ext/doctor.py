@@ -13,9 +13,8 @@ import json
 import platform
 import sys
 
-from sglang_spec_ext import SUPPORTED_HOST, __version__
+from sglang_spec_ext import ALGORITHMS, SUPPORTED_HOST, __version__
 from sglang_spec_ext.config import ConfigError, field_table, load_config
-from sglang_spec_ext.plugin import ALGORITHMS
 
 
 class _Report:
@@ -39,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_host(rep: _Report) -> bool:
-    from sglang_spec_ext.sglang.host import UnsupportedHostError, check_host, host_version
+    from sglang_spec_ext.sglang.host.version import UnsupportedHostError, check_host, host_version
 
     version = host_version()
     rep.data["host_version"] = version
@@ -59,7 +58,7 @@ def _check_host(rep: _Report) -> bool:
 
 def _check_registration(rep: _Report) -> None:
     try:
-        from sglang_spec_ext.sglang.probe import probe_registration
+        from sglang_spec_ext.sglang.host.probe import probe_registration
 
         reg = probe_registration(ALGORITHMS)
     except Exception as e:  # the host itself fails to import

@@ -8,7 +8,7 @@ mode. CI runs the suite with it off plus one parity test per algorithm and mode
 ``bash scripts/test.sh tests/e2e --gpu-path overlap`` (and ``graphs``, ``both``).
 
 Installs the product's placeholder modules for the host's GPU-only imports
-(``sgl_kernel``, ``torchvision``; :mod:`sglang_spec_ext.sglang.cpu_placeholders`,
+(``sgl_kernel``, ``torchvision``; :mod:`sglang_spec_ext.sglang.cpu.placeholders`,
 the same ones ``sglang-spec-ext serve-cpu`` installs in CPU servers) so real SGLang
 modules import in this process.
 """
@@ -26,7 +26,7 @@ import os
 # setting wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from sglang_spec_ext.sglang import cpu_placeholders
+from sglang_spec_ext.sglang.cpu import placeholders as cpu_placeholders
 
 cpu_placeholders.install()
 
@@ -72,7 +72,7 @@ def pytest_collection_modifyitems(items) -> None:
 
 
 def pytest_addoption(parser) -> None:
-    from sglang_spec_ext.sglang.cpu_serving import GPU_PATH_ENV
+    from sglang_spec_ext.sglang.cpu.serving import GPU_PATH_ENV
 
     parser.addoption(
         "--gpu-path",

@@ -32,7 +32,7 @@ EVERY = int(os.environ.get("SPEC_EXT_BENCH_STEP_TIMES_EVERY", "20") or 20)
 TARGETS = (
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
     "sglang.srt.speculative.ngram_worker.NGRAMWorker.forward_batch_generation",
-    "sglang_spec_ext.sglang.suffix_worker.SuffixWorker.forward_batch_generation",
+    "sglang_spec_ext.sglang.workers.suffix_worker.SuffixWorker.forward_batch_generation",
 )
 FORWARD = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
 

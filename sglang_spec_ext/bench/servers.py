@@ -77,7 +77,7 @@ class LaunchSettings:
         joined = f"{self.server_args} {role_args}".strip()
         if not self.serve_cpu:
             return joined
-        from sglang_spec_ext.sglang.cpu_serving import with_cpu_defaults
+        from sglang_spec_ext.sglang.cpu.serving import with_cpu_defaults
 
         return shlex.join(with_cpu_defaults(shlex.split(joined)))
 
@@ -89,7 +89,7 @@ def launch_settings(args: argparse.Namespace) -> LaunchSettings:
     env = parse_env(args.server_env)
     pythonpath = list(args.pythonpath)
     if args.serve_cpu:
-        from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env
+        from sglang_spec_ext.sglang.cpu.serving import cpu_serving_env
 
         cpu_env = cpu_serving_env(base={})
         pythonpath = [*cpu_env.pop("PYTHONPATH").split(os.pathsep), *pythonpath]

@@ -1,7 +1,7 @@
 """Offline replay of greedy token traces through model-free drafters.
 
 Engine-agnostic: nothing here imports SGLang (the host NGRAM adapter lives in
-``sglang_spec_ext.sglang.replay_ngram`` and is imported only when chosen).
+``sglang_spec_ext.sglang.host.replay_ngram`` and is imported only when chosen).
 """
 
 from sglang_spec_ext.replay.drafters import (

@@ -108,7 +108,7 @@ def _make_prompt_lookup(opts: DrafterOptions) -> Drafter:
 
 def _make_ngram(opts: DrafterOptions) -> Drafter:
     try:
-        from sglang_spec_ext.sglang.replay_ngram import HostNgramDrafter
+        from sglang_spec_ext.sglang.host.replay_ngram import HostNgramDrafter
     except ImportError as exc:
         raise DrafterUnavailable(
             f"the ngram drafter needs the host (sglang==0.5.23) NGRAM corpus: {exc}"

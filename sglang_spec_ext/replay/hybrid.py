@@ -8,8 +8,8 @@ HYBRID exactly. The loop mirrors serving as ``replay.engine`` does: prefill comm
 the first output token; then each decode step builds both candidates, the suffix
 drafter's tree (at most ``width - 1`` nodes, scored by ``DraftTree.score``) and the
 model's chain at the current position (truncated to ``steps`` tokens, scored by
-:func:`~sglang_spec_ext.hybrid.chain_score` of its probabilities); one
-:class:`~sglang_spec_ext.hybrid.HybridState` picks the source by its policy; the
+:func:`~sglang_spec_ext.hybrid.choice.chain_score` of its probabilities); one
+:class:`~sglang_spec_ext.hybrid.choice.HybridState` picks the source by its policy; the
 chosen draft is accepted greedily and the accepted tokens plus the bonus are
 committed (to the drafter, and to the state, which learns from both drafts).
 
@@ -25,12 +25,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_spec_ext.hybrid import (
-    MODEL,
+from sglang_spec_ext.hybrid.candidate import MODEL, SOURCES, SUFFIX, Candidate
+from sglang_spec_ext.hybrid.choice import (
     POLICIES,
-    SOURCES,
-    SUFFIX,
-    Candidate,
     HybridState,
     SourceStats,
     chain_score,

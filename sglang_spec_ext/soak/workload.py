@@ -208,7 +208,7 @@ def build_workload(
             req.read_chunks = rng.randint(1, 4)
         elif kind == "penalty":
             # Served wrong under speculation by the host's penalizers: our algorithms
-            # refuse it (sglang/request_guard.py), other servers answer it.
+            # refuse it (sglang/serving/request_guard.py), other servers answer it.
             option = rng.choice(
                 [{"repetition_penalty": 1.2}, {"frequency_penalty": 0.5}, {"min_new_tokens": 4}]
             )

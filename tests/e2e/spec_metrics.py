@@ -13,9 +13,9 @@ def accept_length(meta_info: dict) -> float:
 
 
 def plain_step_counts(log: str) -> dict[str, int]:
-    """The last ``plain steps:`` counters of a server log (sglang/plain_step.py):
+    """The last ``plain steps:`` counters of a server log (sglang/workers/plain_step.py):
     ``{"plain": N, "host_<reason>": M, ...}``; empty if the line never appeared."""
-    from sglang_spec_ext.sglang.plain_step import STATS_LOG_MARK
+    from sglang_spec_ext.sglang.workers.plain_step import STATS_LOG_MARK
 
     lines = [ln.split(STATS_LOG_MARK, 1)[1] for ln in log.splitlines() if STATS_LOG_MARK in ln]
     if not lines:

@@ -4,7 +4,7 @@ With ``--speculative-num-draft-tokens 16`` the host reserves 32 KV slots past ea
 request's committed length per decode step, but its request-to-token rows hold only
 4 + 16 beyond the context length: requests near the limit wrote past their row,
 leaked KV slots, and the host's idle memory check ended the server (for the last row
-the scheduler died on an index error). ``sglang_spec_ext/sglang/host_fixes.py``
+the scheduler died on an index error). ``sglang_spec_ext/sglang/host/fixes.py``
 widens the rows. Each algorithm gets its own server at a short context, a burst of
 requests that end 0-3 tokens short of the limit, then an idle pause (the host checks
 its pools whenever the scheduler is idle), and must stay up with every answer equal

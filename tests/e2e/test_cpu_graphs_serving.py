@@ -1,13 +1,13 @@
-"""Graph runners on the CPU engine (``SGLANG_SPEC_EXT_CPU_GRAPHS=1``, sglang/cpu_graphs.py):
+"""Graph runners on the CPU engine (``SGLANG_SPEC_EXT_CPU_GRAPHS=1``, sglang/cpu/graphs.py):
 plain decoding and target verify through the host's DecodeCudaGraphRunner, the model
 drafts' draft and draft extend through its EAGLEDraft(Extend)CudaGraphRunner
-(sglang/cpu_draft_graphs.py).
+(sglang/cpu/draft_graphs.py).
 
 The server captures one traced graph per decode batch size (1, 2, 4), pads other batch
 sizes up to a captured one and sends larger batches to the eager path; its greedy
 output must equal the plain server's token for token, and its log must show that the
 captured graphs were replayed. What only a GPU can check is listed in the module
-docstring of ``sglang_spec_ext/sglang/cpu_graphs.py``.
+docstring of ``sglang_spec_ext/sglang/cpu/graphs.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import re
 
 import pytest
 
-from sglang_spec_ext.sglang.cpu_graphs import CAPTURE_MESSAGE, ENV, REPLAY_MESSAGE
+from sglang_spec_ext.sglang.cpu.graph_capture import ENV
+from sglang_spec_ext.sglang.cpu.graphs import CAPTURE_MESSAGE, REPLAY_MESSAGE
 from tests.harness.server import ServerConfig
 
 CAPTURE_BS = (1, 2, 4)
@@ -202,7 +203,7 @@ def test_adaptive_suffix_under_graphs_parity(
         f"batches replayed/eager {graph_steps}/{eager_steps}, "
         f"first replays: {log.count(REPLAY_MESSAGE)}"
     )
-    from sglang_spec_ext.sglang.adaptive_worker import verify_graph_widths
+    from sglang_spec_ext.sglang.workers.adaptive_worker import verify_graph_widths
 
     graph_widths = verify_graph_widths(WIDTH)
     assert len(graph_widths) > 2, graph_widths
@@ -268,7 +269,7 @@ def test_model_draft_target_verify_graphs_parity(
 
 
 #: A tree draft of three steps: two draft forwards inside the draft graph, so two
-#: per-step confidence columns (sglang/hybrid_confidence.py).
+#: per-step confidence columns (sglang/workers/hybrid_confidence.py).
 TREE3 = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
          "--speculative-num-draft-tokens", "6")  # fmt: skip
 
@@ -276,7 +277,7 @@ TREE3 = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
 def _hybrid_stats(server) -> dict:
     import json
 
-    from sglang_spec_ext.sglang.hybrid_worker import STATS_LOG_MARK
+    from sglang_spec_ext.sglang.workers.hybrid_worker import STATS_LOG_MARK
 
     lines = [ln for ln in _log(server).splitlines() if STATS_LOG_MARK in ln]
     assert lines, server.log_tail()
@@ -328,7 +329,7 @@ def test_hybrid_scores_choices_and_output_under_graphs_equal_eager(
 def test_eagle3_target_verify_graphs_parity(
     tiny_model_dir, tmp_path_factory, tiny_baseline_server, start_server, tok
 ):
-    from sglang_spec_ext.testing_models import build_eagle3_head
+    from sglang_spec_ext.models.testing.llama import build_eagle3_head
 
     head = build_eagle3_head(tiny_model_dir, tmp_path_factory.mktemp("eagle3") / "head")
     server = start_server(

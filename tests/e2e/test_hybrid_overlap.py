@@ -3,7 +3,7 @@ and with the CPU graph emulation on top, against HYBRID without either.
 
 Under overlap the scheduler launches step N+1 before it processes step N, so a
 request's ``output_ids`` lags one step; HYBRID's suffix sessions take the committed
-tokens from the worker's own outputs instead (sglang/hybrid_commits.py). If they did
+tokens from the worker's own outputs instead (sglang/workers/hybrid_commits.py). If they did
 not, the suffix drafts would start from a stale context: fewer would win, fewer would
 be accepted. So besides greedy parity with plain serving, the same sequential requests
 must need the same verify steps per request and leave the same per-source figures and
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from sglang_spec_ext.sglang.cpu_graphs import ENV as GRAPHS_ENV
-from sglang_spec_ext.sglang.cpu_overlap import ENV as OVERLAP_ENV
-from sglang_spec_ext.sglang.cpu_overlap import LOOP_MESSAGE
-from sglang_spec_ext.sglang.hybrid_worker import STATS_LOG_MARK
-from sglang_spec_ext.sglang.metrics import META_KEY
+from sglang_spec_ext.sglang.cpu.graph_capture import ENV as GRAPHS_ENV
+from sglang_spec_ext.sglang.cpu.overlap import ENV as OVERLAP_ENV
+from sglang_spec_ext.sglang.cpu.overlap import LOOP_MESSAGE
+from sglang_spec_ext.sglang.serving.metrics import META_KEY
+from sglang_spec_ext.sglang.workers.hybrid_worker import STATS_LOG_MARK
 from tests.e2e.test_standalone_serving import TOPK1, _cases
 from tests.e2e.test_suffix_serving import CODE
 from tests.harness.server import CPUServer, abort_mid_stream, cpu_server_env

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from sglang_spec_ext.sglang.hybrid_worker import STATS_LOG_MARK
+from sglang_spec_ext.sglang.workers.hybrid_worker import STATS_LOG_MARK
 from tests.e2e.spec_metrics import accept_length
 from tests.e2e.test_standalone_serving import TOPK1, TOPK2, _cases, _greedy
 from tests.e2e.test_suffix_serving import CODE
@@ -108,7 +108,7 @@ def test_hybrid_without_a_draft_model_is_refused(tiny_model_dir, start_server):
 
 @pytest.fixture(scope="module")
 def eagle3_server(tiny_model_dir, tmp_path_factory, start_module_server):
-    from sglang_spec_ext.testing_models import build_eagle3_head
+    from sglang_spec_ext.models.testing.llama import build_eagle3_head
 
     head = build_eagle3_head(tiny_model_dir, tmp_path_factory.mktemp("eagle3") / "head")
     return start_module_server(tiny_model_dir, *_hybrid(head, TOPK1), env=STATS_ENV)

@@ -1,7 +1,7 @@
 """The host's LoRA serving with SUFFIX and HYBRID on the CPU engine (issue 28).
 
 Three servers of the tiny model share two random adapters (``A``, ``B``; PEFT files
-written by sglang_spec_ext/testing_lora.py, nonzero ``lora_B`` so each changes the greedy
+written by sglang_spec_ext/models/testing/lora.py, nonzero ``lora_B`` so each changes the greedy
 output): plain LoRA serving (no speculation, the host's default ``--lora-backend``, which
 the plugin resolves to ``torch_native`` on CPU), SUFFIX and HYBRID (the tiny model's first
 layer as its unadapted draft). For adapter A, adapter B and the base model, greedy output
@@ -35,7 +35,7 @@ PROMPTS = {
 
 @pytest.fixture(scope="module")
 def adapters(tiny_model_dir, tmp_path_factory):
-    from sglang_spec_ext.testing_lora import build_lora_adapter
+    from sglang_spec_ext.models.testing.lora import build_lora_adapter
 
     root = tmp_path_factory.mktemp("lora")
     return {
@@ -114,7 +114,7 @@ def test_adapters_change_the_greedy_output(want, prompts, tiny_model_dir, adapte
         assert a != b and a != base and b != base, f"{label}: an adapter changes nothing"
     # The host's LoRA on CPU is right, not just different: transformers with the
     # adapter merged into the weights gives the same tokens.
-    from sglang_spec_ext.testing_lora import reference_lora_generate
+    from sglang_spec_ext.models.testing.lora import reference_lora_generate
 
     ids = prompts["counting"]
     assert (

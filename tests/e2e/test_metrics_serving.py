@@ -19,11 +19,11 @@ from collections import Counter
 import pytest
 import requests
 
-from sglang_spec_ext.sglang.draft_kv_repair import STATS_LOG_MARK as REPAIR_MARK
-from sglang_spec_ext.sglang.hybrid_worker import STATS_LOG_MARK as HYBRID_MARK
-from sglang_spec_ext.sglang.metrics import META_KEY, PREFIX
-from sglang_spec_ext.sglang.model_draft_adaptive import STEPS_LOG_MARK
-from sglang_spec_ext.sglang.suffix_worker import STATS_LOG_MARK as SUFFIX_MARK
+from sglang_spec_ext.sglang.model_drafts.adaptive import STEPS_LOG_MARK
+from sglang_spec_ext.sglang.model_drafts.kv_repair import STATS_LOG_MARK as REPAIR_MARK
+from sglang_spec_ext.sglang.serving.metrics import META_KEY, PREFIX
+from sglang_spec_ext.sglang.workers.hybrid_worker import STATS_LOG_MARK as HYBRID_MARK
+from sglang_spec_ext.sglang.workers.suffix_worker import STATS_LOG_MARK as SUFFIX_MARK
 from tests.e2e.test_model_draft_adaptive_serving import ADAPTIVE_ENV, PINNED_ENV
 from tests.e2e.test_standalone_serving import TOPK1
 from tests.e2e.test_suffix_serving import CODE

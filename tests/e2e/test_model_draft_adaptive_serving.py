@@ -1,5 +1,5 @@
 """The goodput controller for model drafts on the real host's CPU engine
-(``SGLANG_SPEC_EXT_ADAPTIVE=1``, sglang/model_draft_adaptive.py): STANDALONE (the
+(``SGLANG_SPEC_EXT_ADAPTIVE=1``, sglang/model_drafts/adaptive.py): STANDALONE (the
 tiny model as its own draft) and HYBRID (a 1-layer draft plus suffix drafts) switch
 draft step counts through the host's own per-step-count runtime states, and greedy
 output stays identical to plain serving at batch size 1 and under concurrency. The
@@ -15,8 +15,8 @@ import concurrent.futures as cf
 
 import pytest
 
-from sglang_spec_ext.sglang.draft_kv_repair import STATS_LOG_MARK as REPAIR_MARK
-from sglang_spec_ext.sglang.model_draft_adaptive import STEPS_LOG_MARK
+from sglang_spec_ext.sglang.model_drafts.adaptive import STEPS_LOG_MARK
+from sglang_spec_ext.sglang.model_drafts.kv_repair import STATS_LOG_MARK as REPAIR_MARK
 from tests.e2e.spec_metrics import plain_step_counts
 from tests.e2e.test_standalone_serving import TOPK1, TOPK2, _cases, _greedy
 from tests.harness.server import ServerConfig
@@ -120,7 +120,7 @@ def test_hybrid_adaptive_steps_parity(tiny_baseline_server, hybrid_adaptive, tok
     assert repairs, "no request drafted again after zero steps: the repair never ran"
     last = dict(kv.split("=") for kv in repairs[-1].split())
     assert int(last["requests"]) >= 1 and int(last["tokens"]) >= 2 and last["failures"] == "0"
-    # the pinned tier's zero steps ran as plain decode steps (sglang/plain_step.py)
+    # the pinned tier's zero steps ran as plain decode steps (sglang/workers/plain_step.py)
     plain = plain_step_counts(log)
     print(f"HYBRID plain-step counters: {plain}")
     assert plain.get("plain", 0) >= 1, "HYBRID at zero steps ran no plain decode step"

@@ -1,6 +1,6 @@
 """The host's MTP speculation (``--speculative-algorithm NEXTN``, an alias of EAGLE) on the
 CPU engine: a tiny MiMo-shaped model whose own MTP layer is the draft
-(sglang_spec_ext/testing_mtp.py), served with and without ``--speculative-draft-model-path``
+(sglang_spec_ext/models/testing/mtp.py), served with and without ``--speculative-draft-model-path``
 (the model directory itself) and under both spellings, chains of 1 and 3 draft steps.
 
 Lossless greedy output against plain serving of the same model, verify steps counted,
@@ -24,11 +24,11 @@ import re
 
 import pytest
 
-from sglang_spec_ext.sglang.cpu_graphs import CAPTURE_MESSAGE, REPLAY_MESSAGE
-from sglang_spec_ext.sglang.cpu_overlap import LOOP_MESSAGE
-from sglang_spec_ext.sglang.cpu_serving import GPU_PATH_ENV
-from sglang_spec_ext.sglang.hybrid_worker import STATS_LOG_MARK
-from sglang_spec_ext.sglang.model_draft_adaptive import KIND_PRESETS
+from sglang_spec_ext.sglang.cpu.graphs import CAPTURE_MESSAGE, REPLAY_MESSAGE
+from sglang_spec_ext.sglang.cpu.overlap import LOOP_MESSAGE
+from sglang_spec_ext.sglang.cpu.serving import GPU_PATH_ENV
+from sglang_spec_ext.sglang.model_drafts.adaptive import KIND_PRESETS
+from sglang_spec_ext.sglang.workers.hybrid_worker import STATS_LOG_MARK
 from tests.e2e.spec_metrics import accept_length
 from tests.e2e.test_model_draft_adaptive_serving import ADAPTIVE_ENV, _steps_used
 from tests.e2e.test_suffix_serving import CODE, PROMPTS
@@ -48,7 +48,7 @@ GRAPH_RUNNERS = ("DecodeCudaGraphRunner", "EAGLEDraftCudaGraphRunner",
 
 @pytest.fixture(scope="module")
 def mimo_dir(tmp_path_factory):
-    from sglang_spec_ext.testing_mtp import build_tiny_mimo_mtp
+    from sglang_spec_ext.models.testing.mtp import build_tiny_mimo_mtp
 
     return build_tiny_mimo_mtp(tmp_path_factory.mktemp("tiny-mimo") / "model", seed=0)
 
@@ -244,11 +244,11 @@ def _offline_verify_steps(chains: list[list[int]], output: list[int], steps: int
 
 @pytest.mark.parametrize(("name", "steps"), [("nextn1", 1), ("nextn3_path", 3)])
 def test_offline_mtp_layer_predicts_the_host_verify_steps(servers, tok, mimo_dir, name, steps):
-    """sglang_spec_ext.mtp_layer (the torch MTP layer the SmolLM2 MTP is trained and
+    """sglang_spec_ext.models.mtp_layer (the torch MTP layer the SmolLM2 MTP is trained and
     replayed with) computes what the host's MiMoMTP draft proposes: its offline chains
     give every prompt's verify-step count exactly (eager, and on the graphs + overlap
     emulation)."""
-    from sglang_spec_ext.mtp_layer import load_mimo_checkpoint, mtp_chains
+    from sglang_spec_ext.models.mtp_layer import load_mimo_checkpoint, mtp_chains
 
     target, mtp = load_mimo_checkpoint(mimo_dir)
     rows = []

@@ -3,12 +3,12 @@
 On a GPU the host's default is overlap scheduling (the scheduler's
 ``event_loop_overlap``, the V2 workers, step N's results relayed into step N+1
 through the future map, ``req.output_ids`` one step behind). The CPU engine turns
-it off for speculative decoding; the switch keeps it on (sglang/cpu_overlap.py).
+it off for speculative decoding; the switch keeps it on (sglang/cpu/overlap.py).
 Each algorithm is served with the switch on and must give plain serving's greedy
 output token for token, with several concurrent requests arriving while another
 request decodes (so prefills land between decode steps) and one request aborted
 mid-stream. The server log must prove that the overlap loop ran and that decode
-inputs came through the relay (the trace lines of sglang/cpu_overlap.py); for
+inputs came through the relay (the trace lines of sglang/cpu/overlap.py); for
 adaptive SUFFIX also that the verify width went down and up between decode steps.
 
 What a CPU run cannot show: real concurrency between the forward stream and the
@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from sglang_spec_ext.sglang.cpu_overlap import ENV, LOOP_MESSAGE, TRACE_MESSAGE, parse_trace
-from sglang_spec_ext.sglang.suffix_worker import STATS_LOG_MARK as DRAFTER_STATS
+from sglang_spec_ext.sglang.cpu.overlap import ENV, LOOP_MESSAGE, TRACE_MESSAGE, parse_trace
+from sglang_spec_ext.sglang.workers.suffix_worker import STATS_LOG_MARK as DRAFTER_STATS
 from tests.e2e.spec_metrics import accept_length, plain_step_counts
 from tests.e2e.test_suffix_serving import CODE, PROMPTS
 
@@ -68,7 +68,7 @@ def _ngram(_model: Path, _tmp) -> tuple[tuple[str, ...], dict[str, str]]:
 
 
 def _eagle3(model: Path, tmp) -> tuple[tuple[str, ...], dict[str, str]]:
-    from sglang_spec_ext.testing_models import build_eagle3_head
+    from sglang_spec_ext.models.testing.llama import build_eagle3_head
 
     head = build_eagle3_head(model, tmp.mktemp("eagle3-overlap") / "head")
     return ("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(head),

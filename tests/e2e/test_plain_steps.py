@@ -6,7 +6,7 @@ engine's overlap scheduling and graph runners both on (``SGLANG_SPEC_EXT_CPU_OVE
 controller with batch sizes 4 and up pinned at zero draft steps and the draft-KV
 repair on. Requests of different lengths arrive together, so the batch shrinks
 through every kind of step: 5-6 requests at zero steps run eagerly, i.e. as plain
-decode steps (``sglang/plain_step.py``) whose results go through the overlap relay;
+decode steps (``sglang/workers/plain_step.py``) whose results go through the overlap relay;
 4 requests at zero steps replay the width-1 verify graph (the host's path, counted as
 ``host_graph``); 1-3 requests draft again (pinned at 2 steps), padded into the graphs, after the repair
 rebuilt the draft KV that zero steps and deferred prefills left unwritten. Greedy
@@ -25,8 +25,8 @@ import concurrent.futures as cf
 
 import pytest
 
-from sglang_spec_ext.sglang.cpu_overlap import LOOP_MESSAGE
-from sglang_spec_ext.sglang.draft_kv_repair import STATS_LOG_MARK as REPAIR_MARK
+from sglang_spec_ext.sglang.cpu.overlap import LOOP_MESSAGE
+from sglang_spec_ext.sglang.model_drafts.kv_repair import STATS_LOG_MARK as REPAIR_MARK
 from tests.e2e.spec_metrics import plain_step_counts
 from tests.e2e.test_suffix_serving import PROMPTS
 from tests.harness.server import abort_mid_stream

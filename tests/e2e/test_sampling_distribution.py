@@ -56,7 +56,7 @@ RUNS = {  # (server, sampling options); top_k = 3 cuts the tail of every positio
 
 @pytest.fixture(scope="module")
 def peaked_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from sglang_spec_ext.testing_models import build_tiny_llama
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-peaked"), seed=0, initializer_range=1.0)
 

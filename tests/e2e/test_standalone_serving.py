@@ -1,5 +1,5 @@
 """The host's own STANDALONE (draft-model) and EAGLE3 speculation on the CPU engine, made possible
-by the plugin's torch_native draft attention (sglang_spec_ext/sglang/draft_attention.py)
+by the plugin's torch_native draft attention (sglang_spec_ext/sglang/cpu/draft_attention.py)
 and CPU kernel fallbacks: lossless greedy output for topk 1 and topk > 1, accept length,
 concurrency, an abort, and a start-up error naming the flag.
 
@@ -34,7 +34,7 @@ def _standalone(draft_dir, shape):
 @pytest.fixture(scope="module")
 def servers(tiny_model_dir, weak_draft_dir, tmp_path_factory, start_module_server):
     """The module's three speculative servers, started side by side."""
-    from sglang_spec_ext.testing_models import build_eagle3_head
+    from sglang_spec_ext.models.testing.llama import build_eagle3_head
 
     head = build_eagle3_head(tiny_model_dir, tmp_path_factory.mktemp("eagle3") / "head")
     return start_module_server.start_all({

@@ -124,7 +124,7 @@ def test_concurrent_requests_match_baseline(servers, tok):
 
 def test_random_token_prompts_run_as_plain_decode_steps(servers, tok):
     """Random-token prompts: the drafter finds nothing for any request of a batch, and
-    those steps run as plain decode steps (sglang/plain_step.py), with plain serving's
+    those steps run as plain decode steps (sglang/workers/plain_step.py), with plain serving's
     greedy output and one token per step."""
     import random
 

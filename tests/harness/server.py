@@ -2,7 +2,7 @@
 
 The server runs in its own process group on a free loopback port, set up for CPU
 serving as ``sglang-spec-ext serve-cpu`` does (the product's placeholder modules,
-:mod:`sglang_spec_ext.sglang.cpu_placeholders`, installed through its PYTHONPATH), logs to a
+:mod:`sglang_spec_ext.sglang.cpu.placeholders`, installed through its PYTHONPATH), logs to a
 file, and is always torn down (the whole group) by :meth:`CPUServer.stop`. Test servers skip
 two pieces of host start-up and shutdown work no test checks (:func:`quick_server_env`).
 """
@@ -25,7 +25,7 @@ from typing import Any
 import requests
 
 from sglang_spec_ext.bench.servers import free_port
-from sglang_spec_ext.sglang.cpu_serving import (
+from sglang_spec_ext.sglang.cpu.serving import (
     GPU_PATH_ENV,
     cpu_serving_env,
     placeholder_site_dir,
@@ -61,7 +61,7 @@ NO_CRASH_DIAGNOSTICS_ENV = {
 
 #: The host's model modules the tests serve: Llama (the tiny model, its truncated
 #: drafts, SmolLM2), the host's Llama EAGLE heads, and MiMo with its MTP draft
-#: (the tiny MiMo of sglang_spec_ext/testing_mtp.py).
+#: (the tiny MiMo of sglang_spec_ext/models/testing/mtp.py).
 SERVED_MODEL_MODULES = frozenset({"llama", "llama_eagle", "llama_eagle3", "mimo", "mimo_mtp"})
 
 

@@ -1,7 +1,7 @@
 """The embedded chat workloads now live in the product (the README demo uses them):
-:mod:`sglang_spec_ext.demo_workloads`. Re-exported here for the tests."""
+:mod:`sglang_spec_ext.bench.demo_workloads`. Re-exported here for the tests."""
 
-from sglang_spec_ext.demo_workloads import (  # noqa: F401
+from sglang_spec_ext.bench.demo_workloads import (  # noqa: F401
     EDITS,
     FUNCTIONS,
     NEW_NAMES,

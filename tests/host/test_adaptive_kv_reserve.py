@@ -1,4 +1,4 @@
-"""KV reserved per decode step under adaptive tree drafts (sglang/adaptive_kv_reserve.py).
+"""KV reserved per decode step under adaptive tree drafts (sglang/verify/kv_reserve.py).
 
 One decode step in the host's own order, in a fresh interpreter (the host's
 HookRegistry is process-wide), with the plugin's hooks installed the way the plugin
@@ -35,7 +35,7 @@ from tests.harness.subproc import snippet_result
 SCENARIO = """
 import json, types
 import torch
-from sglang_spec_ext.sglang.runtime_hooks import install_runtime_hooks
+from sglang_spec_ext.plugin import install_runtime_hooks
 
 res = {"installed": install_runtime_hooks()}
 
@@ -48,7 +48,7 @@ from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
 from sglang.srt.speculative.eagle_utils import eagle_prepare_for_decode
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang_spec_ext.sglang import model_draft_adaptive as mda
+from sglang_spec_ext.sglang.model_drafts import adaptive as mda
 
 STEPS, TOPK, W, PROMPT = 5, 4, 8, 100
 get_context().override_server_args(
@@ -166,7 +166,7 @@ def test_reservation_is_the_hosts_own_formula_at_the_largest_step_count():
 import json
 from sglang.srt.runtime_context import get_context, get_spec
 import sglang.srt.mem_cache.allocation_sizing as sizing
-from sglang_spec_ext.sglang import adaptive_kv_reserve as kv
+from sglang_spec_ext.sglang.verify import kv_reserve as kv
 
 res = {"installed": kv.install_adaptive_kv_reserve(), "again": kv.install_adaptive_kv_reserve()}
 get_context().override_server_args(

@@ -2,14 +2,14 @@
 
 Host modules bind their CPU kernels at import time and only when the CPU engine is on
 (``SGLANG_USE_CPU_ENGINE=1``), so each scenario runs in a fresh interpreter with the
-placeholders for ``sgl_kernel`` (sglang_spec_ext/sglang/cpu_placeholders.py) on its path.
+placeholders for ``sgl_kernel`` (sglang_spec_ext/sglang/cpu/placeholders.py) on its path.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from sglang_spec_ext.sglang.cpu_fallbacks.install import (
+from sglang_spec_ext.sglang.cpu.fallbacks.install import (
     FALLBACKS,
     SAMPLING_VERIFY,
     SAMPLING_VERIFY_TARGET,
@@ -105,7 +105,7 @@ def test_load_plugins_installs_every_fallback_into_the_host_modules():
     # target at the root predicts 5: node 2 (token 5) is accepted, then the bonus 7
     assert res["verify"] == [[5, 0, 7], [[0, 2, -1]], [1]]
     assert res["attention_wrapped"] is True
-    ours = "sglang_spec_ext.sglang.cpu_fallbacks.sampling"
+    ours = "sglang_spec_ext.sglang.cpu.fallbacks.sampling"
     assert res["sampling_bound"] == [ours] * 6
     assert res["renorm"] == [pytest.approx([0.5 / 0.8, 0.0, 0.3 / 0.8])]
     # root -> node 1 (token 2, p = 1) -> node 2 (token 0, p = 1) -> bonus from row 2: 1
@@ -143,7 +143,7 @@ def real_top_k(probs, top_k):
 rn.top_k_renorm_prob = eu.top_k_renorm_prob = real_top_k
 
 from sglang.srt.plugins.hook_registry import HookRegistry
-from sglang_spec_ext.sglang.cpu_fallbacks.install import host_has_op, install_cpu_fallbacks
+from sglang_spec_ext.sglang.cpu.fallbacks.install import host_has_op, install_cpu_fallbacks
 res = {"has": {op: host_has_op(op) for op in OPS}}
 res["first"] = install_cpu_fallbacks()
 res["second"] = install_cpu_fallbacks()
@@ -164,7 +164,7 @@ def test_real_kernels_are_kept_and_install_is_idempotent():
     expected = [op for op in ALL_OPS + [VERIFY_ATTENTION] + UNSET_OPS if op not in real]
     assert res["first"] == res["second"] == expected + [SAMPLING_VERIFY]
     assert res["top_k_kept"] is True
-    assert res["top_p_bound"] == "sglang_spec_ext.sglang.cpu_fallbacks.sampling"
+    assert res["top_p_bound"] == "sglang_spec_ext.sglang.cpu.fallbacks.sampling"
     assert res["copy_kept"] is True
     assert res["stale_rebound"] is True and res["stale_placeholder"] is False
     assert "sglang.kernels.ops.kvcache.cache_move.copy_all_layer_kv_cache_cpu" not in res["hooks"]
@@ -176,8 +176,8 @@ import json
 import sglang.srt.utils as host_utils
 import sglang.kernels.ops.kvcache.cache_move as cm  # bound while the CPU engine is on
 from sglang.srt.plugins.hook_registry import HookRegistry
-from sglang_spec_ext.sglang.cpu_fallbacks.install import install_cpu_fallbacks
-from sglang_spec_ext.sglang.runtime_hooks import install_runtime_hooks
+from sglang_spec_ext.sglang.cpu.fallbacks.install import install_cpu_fallbacks
+from sglang_spec_ext.plugin import install_runtime_hooks
 res = {"is_cpu": host_utils.is_cpu(), "configured_off": install_runtime_hooks()}
 real_is_cuda = host_utils.is_cuda
 host_utils.is_cuda = lambda: True
@@ -220,7 +220,7 @@ def unset():
 before = unset()
 from sglang.srt.plugins import load_plugins
 load_plugins()
-from sglang_spec_ext.sglang.cpu_fallbacks.install import install_cpu_fallbacks
+from sglang_spec_ext.sglang.cpu.fallbacks.install import install_cpu_fallbacks
 install_cpu_fallbacks()
 print("RESULT " + json.dumps(sorted(before - unset())))
 """
@@ -237,7 +237,7 @@ def test_in_process_no_install_off_the_cpu_engine(monkeypatch, probe):
     import sglang.srt.utils as host_utils
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_spec_ext.sglang.cpu_fallbacks.install import install_cpu_fallbacks
+    from sglang_spec_ext.sglang.cpu.fallbacks.install import install_cpu_fallbacks
 
     monkeypatch.setattr(host_utils, "is_cpu", lambda: probe == "is_cuda")
     monkeypatch.setattr(host_utils, "is_cuda", lambda: probe == "is_cuda")

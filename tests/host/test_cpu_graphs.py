@@ -1,4 +1,4 @@
-"""The CUDA-graph emulation of the CPU test bed (sglang/cpu_graphs.py).
+"""The CUDA-graph emulation of the CPU test bed (sglang/cpu/graphs.py).
 
 What a replay of a captured graph must and must not do, checked on small callables
 built like the host's captured forwards: static input buffers and a KV pool closed
@@ -14,10 +14,10 @@ import pkgutil
 import pytest
 import torch
 
-from sglang_spec_ext.sglang import cpu_graphs
-from sglang_spec_ext.sglang.cpu_graphs import (
-    GraphCaptureError,
-    TracedGraph,
+from sglang_spec_ext.sglang.cpu import graph_capture
+from sglang_spec_ext.sglang.cpu import graphs as cpu_graphs
+from sglang_spec_ext.sglang.cpu.graph_capture import GraphCaptureError, TracedGraph
+from sglang_spec_ext.sglang.cpu.graphs import (
     make_cpu_traced_graph_backend,
     resolve_decode_backend_hook,
 )
@@ -231,18 +231,18 @@ def test_resolve_hook_only_on_cpu_with_switch(monkeypatch):
     def original(runner, *a, **kw):
         return sentinel
 
-    monkeypatch.delenv(cpu_graphs.ENV, raising=False)
+    monkeypatch.delenv(graph_capture.ENV, raising=False)
     assert resolve_decode_backend_hook(original, _FakeRunner("cpu")) is sentinel
-    monkeypatch.setenv(cpu_graphs.ENV, "1")
+    monkeypatch.setenv(graph_capture.ENV, "1")
     assert resolve_decode_backend_hook(original, _FakeRunner("cuda")) is sentinel
     backend = resolve_decode_backend_hook(original, _FakeRunner("cpu"))
     assert type(backend).__name__ == "CpuTracedGraphBackend"
-    monkeypatch.setenv(cpu_graphs.ENV, "0")
+    monkeypatch.setenv(graph_capture.ENV, "0")
     assert resolve_decode_backend_hook(original, _FakeRunner("cpu")) is sentinel
 
 
 def test_install_is_inert_without_switch(monkeypatch):
-    monkeypatch.delenv(cpu_graphs.ENV, raising=False)
+    monkeypatch.delenv(graph_capture.ENV, raising=False)
     assert cpu_graphs.install_cpu_graphs() == []
 
 
@@ -260,7 +260,7 @@ def test_hooked_host_targets_exist():
 
 
 # ---------------------------------------------------------------------------
-# Graph-safe decode attention (sglang/cpu_graph_attention.py)
+# Graph-safe decode attention (sglang/cpu/graph_attention.py)
 # ---------------------------------------------------------------------------
 
 
@@ -294,7 +294,7 @@ def _host_loop(query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens
 
 @torch.inference_mode()
 def test_masked_decode_attention_matches_host_loop():
-    from sglang_spec_ext.sglang.cpu_graph_attention import masked_decode_attention
+    from sglang_spec_ext.sglang.cpu.graph_attention import masked_decode_attention
 
     query, k_cache, v_cache, req_to_token = _attention_case()
     for idx, lens in (([2, 0, 3], [5, 12, 1]), ([1, 1, 2], [7, 3, 9])):
@@ -311,7 +311,7 @@ def test_masked_attention_replays_right_where_the_host_loop_freezes_lengths():
     """Why the plugin needs its own decode attention under graphs: the host's loop
     slices by lengths read at capture, so its replay attends over stale lengths; the
     masked version reads them from the static buffer at every replay."""
-    from sglang_spec_ext.sglang.cpu_graph_attention import masked_decode_attention
+    from sglang_spec_ext.sglang.cpu.graph_attention import masked_decode_attention
 
     query, k_cache, v_cache, req_to_token = _attention_case(seed=1)
     idx, lens = torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5])
@@ -330,7 +330,7 @@ def test_masked_attention_replays_right_where_the_host_loop_freezes_lengths():
 
 
 def test_device_module_reports_capture_state():
-    from sglang_spec_ext.sglang.cpu_graphs import CpuGraphDeviceModule
+    from sglang_spec_ext.sglang.cpu.graph_capture import CpuGraphDeviceModule
 
     module = CpuGraphDeviceModule()
     seen = []
@@ -355,7 +355,7 @@ def test_device_module_reports_capture_state():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from sglang_spec_ext.testing_models import build_tiny_llama
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
 
     return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
 
@@ -365,7 +365,7 @@ def _decode_backend(model_dir: str, *extra: str) -> str:
     from sglang.srt.plugins.hook_registry import HookType
     from sglang.srt.server_args import prepare_server_args
 
-    from sglang_spec_ext.sglang.runtime_hooks import register_hooks_once
+    from sglang_spec_ext.sglang.host.hooks import register_hooks_once
 
     register_hooks_once(
         [(cpu_graphs.ATTENTION_COMPAT_TARGET, cpu_graphs.keep_decode_graphs_hook, HookType.AROUND)]
@@ -388,20 +388,20 @@ def _decode_backend(model_dir: str, *extra: str) -> str:
 
 
 def test_switch_keeps_decode_graphs_on_in_argument_resolution(tiny_dir, monkeypatch):
-    monkeypatch.delenv(cpu_graphs.ENV, raising=False)
+    monkeypatch.delenv(graph_capture.ENV, raising=False)
     assert _decode_backend(tiny_dir) == "disabled"  # switch off: the host's resolution
-    monkeypatch.setenv(cpu_graphs.ENV, "1")
+    monkeypatch.setenv(graph_capture.ENV, "1")
     assert _decode_backend(tiny_dir) == "full"
     assert _decode_backend(tiny_dir, "--disable-cuda-graph") == "disabled"
     assert _decode_backend(tiny_dir, "--cuda-graph-backend-decode", "disabled") == "disabled"
 
 
 def test_switch_covers_the_target_verify_of_tested_algorithms(tiny_dir, monkeypatch):
-    monkeypatch.setenv(cpu_graphs.ENV, "1")
+    monkeypatch.setenv(graph_capture.ENV, "1")
     assert _decode_backend(tiny_dir, "--speculative-algorithm", "NGRAM") == "full"
     draft = ("--speculative-draft-model-path", tiny_dir)
     assert _decode_backend(tiny_dir, "--speculative-algorithm", "STANDALONE", *draft) == "full"
-    monkeypatch.delenv(cpu_graphs.ENV)
+    monkeypatch.delenv(graph_capture.ENV)
     assert _decode_backend(tiny_dir, "--speculative-algorithm", "NGRAM") == "disabled"
     assert _decode_backend(tiny_dir, "--speculative-algorithm", "STANDALONE", *draft) == "disabled"
 
@@ -409,12 +409,12 @@ def test_switch_covers_the_target_verify_of_tested_algorithms(tiny_dir, monkeypa
 def test_nextn_mtp_servers_get_the_graphs_of_eagle(tmp_path_factory, monkeypatch):
     """NEXTN is still spelled NEXTN when the attention hook runs (the host resolves the
     alias to EAGLE later): MTP servers keep decode graphs on like EAGLE ones."""
-    from sglang_spec_ext.testing_mtp import build_tiny_mimo_mtp
+    from sglang_spec_ext.models.testing.mtp import build_tiny_mimo_mtp
 
     mimo = str(build_tiny_mimo_mtp(tmp_path_factory.mktemp("mimo") / "m", seed=0))
     steps = ("--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
              "--speculative-num-draft-tokens", "2")  # fmt: skip
-    monkeypatch.setenv(cpu_graphs.ENV, "1")
+    monkeypatch.setenv(graph_capture.ENV, "1")
     for algo in ("NEXTN", "nextn", "EAGLE"):
         assert _decode_backend(mimo, "--speculative-algorithm", algo, *steps) == "full", algo
     path = ("--speculative-draft-model-path", mimo)
@@ -432,7 +432,7 @@ def test_nextn_mtp_servers_get_the_graphs_of_eagle(tmp_path_factory, monkeypatch
 
 def test_untested_algorithms_keep_graphs_off(monkeypatch):
     """An algorithm outside the tested list resolves as without the switch."""
-    monkeypatch.setenv(cpu_graphs.ENV, "1")
+    monkeypatch.setenv(graph_capture.ENV, "1")
     assert "DFLASH" not in cpu_graphs.GRAPH_SPEC_ALGORITHMS
     view = type(
         "V",
@@ -464,8 +464,8 @@ def _verify_case(seed: int, bs: int = 3, n: int = 4):
 
 @torch.inference_mode()
 def test_masked_verify_attention_matches_the_cpu_fallback():
-    from sglang_spec_ext.sglang.cpu_fallbacks.verify_attention import tree_verify_attention
-    from sglang_spec_ext.sglang.cpu_graph_attention import masked_verify_attention
+    from sglang_spec_ext.sglang.cpu.fallbacks.verify_attention import tree_verify_attention
+    from sglang_spec_ext.sglang.cpu.graph_attention import masked_verify_attention
 
     query, k_cache, v_cache, req_to_token, visible, draft_slots = _verify_case(2)
     idx, lens = torch.tensor([3, 0, 2]), torch.tensor([5, 12, 0])
@@ -479,7 +479,7 @@ def test_masked_verify_attention_matches_the_cpu_fallback():
 
 @torch.inference_mode()
 def test_verify_mask_staging_and_replay_follow_new_masks():
-    from sglang_spec_ext.sglang.cpu_graph_attention import (
+    from sglang_spec_ext.sglang.cpu.graph_attention import (
         masked_verify_attention,
         stage_verify_mask,
     )
@@ -514,10 +514,10 @@ def test_graph_mode_hook_replays_verify_only_with_switch(monkeypatch):
     def host(mode):
         return mode.is_cpu_graph()
 
-    monkeypatch.delenv(cpu_graphs.ENV, raising=False)
+    monkeypatch.delenv(graph_capture.ENV, raising=False)
     assert not cpu_graphs.graph_mode_hook(host, ForwardMode.TARGET_VERIFY)
     assert cpu_graphs.graph_mode_hook(host, ForwardMode.DECODE)
-    monkeypatch.setenv(cpu_graphs.ENV, "1")
+    monkeypatch.setenv(graph_capture.ENV, "1")
     assert cpu_graphs.graph_mode_hook(host, ForwardMode.TARGET_VERIFY)
     assert not cpu_graphs.graph_mode_hook(host, ForwardMode.EXTEND)
 
@@ -525,7 +525,7 @@ def test_graph_mode_hook_replays_verify_only_with_switch(monkeypatch):
 def test_verify_forward_takes_the_graph_path_only_while_capturing():
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    from sglang_spec_ext.sglang.cpu_graph_attention import forward_hook
+    from sglang_spec_ext.sglang.cpu.graph_attention import forward_hook
 
     eager = object()
     fb = type("FB", (), {"forward_mode": ForwardMode.TARGET_VERIFY, "encoder_lens": None})()
@@ -542,7 +542,7 @@ def test_verify_forward_takes_the_graph_path_only_while_capturing():
 
 
 # ---------------------------------------------------------------------------
-# The model draft's own graphs (sglang/cpu_draft_graphs.py, draft_attention.py)
+# The model draft's own graphs (sglang/cpu/draft_graphs.py, draft_attention.py)
 # ---------------------------------------------------------------------------
 
 
@@ -572,7 +572,7 @@ def test_masked_extend_attention_matches_host_loop_and_replays_new_lengths():
     """The draft extend (n tokens per request, causal over the request's KV) computed
     densely with a mask equals the host's per-request loop, and a captured one follows
     new lengths and pool rows at replay."""
-    from sglang_spec_ext.sglang.cpu_graph_attention import masked_extend_attention
+    from sglang_spec_ext.sglang.cpu.graph_attention import masked_extend_attention
 
     _, k_cache, v_cache, req_to_token = _attention_case(seed=2)
     n = 3
@@ -618,7 +618,7 @@ def test_graph_safe_multi_step_draft_replays_new_lengths():
     replays with the lengths and pool rows copied in later."""
     from types import SimpleNamespace
 
-    from sglang_spec_ext.sglang.draft_attention import TorchNativeMultiStepDraftBackend
+    from sglang_spec_ext.sglang.cpu.draft_attention import TorchNativeMultiStepDraftBackend
 
     g = torch.Generator().manual_seed(3)
     heads, kv_heads, dim, slots = 4, 2, 8, 256
@@ -663,7 +663,7 @@ def test_draft_graph_runners_only_with_the_switch_on_cpu(monkeypatch):
     adds nothing; the hooked host target exists."""
     from types import SimpleNamespace
 
-    from sglang_spec_ext.sglang import cpu_draft_graphs
+    from sglang_spec_ext.sglang.cpu import draft_graphs as cpu_draft_graphs
 
     module_path, cls_name, attr = cpu_draft_graphs.CAPTURE_DRAFT_GRAPHS_TARGET.rsplit(".", 2)
     assert callable(getattr(getattr(importlib.import_module(module_path), cls_name), attr))
@@ -674,7 +674,7 @@ def test_draft_graph_runners_only_with_the_switch_on_cpu(monkeypatch):
         return "host"
 
     for env, device in (("", "cpu"), ("1", "cuda")):
-        monkeypatch.setenv(cpu_graphs.ENV, env)
+        monkeypatch.setenv(graph_capture.ENV, env)
         worker = SimpleNamespace(device=device, speculative_num_steps=3)
         assert cpu_draft_graphs.capture_draft_graphs_hook(host, worker) == "host"
         assert worker.cuda_graph_runner is None

@@ -1,4 +1,4 @@
-"""``SGLANG_SPEC_EXT_CPU_OVERLAP`` (sglang/cpu_overlap.py) against the real host.
+"""``SGLANG_SPEC_EXT_CPU_OVERLAP`` (sglang/cpu/overlap.py) against the real host.
 
 Off (the default) nothing changes: no hook is registered and the host's own argument
 resolution turns overlap off for speculative decoding on CPU, for its algorithms and
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_spec_ext.sglang import cpu_overlap
-from sglang_spec_ext.sglang.cpu_overlap import (
+from sglang_spec_ext.sglang.cpu import overlap as cpu_overlap
+from sglang_spec_ext.sglang.cpu.overlap import (
     DISABLE_FOR_CPU_TARGET,
     ENV,
     EVENT_LOOP_TARGET,
@@ -45,7 +45,7 @@ TARGETS = sorted(
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     # A real model directory: with --model-path dummy the host skips speculative validation.
-    from sglang_spec_ext.testing_models import build_tiny_llama
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
 
     return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
 
@@ -186,7 +186,7 @@ import json, os
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
 from sglang.kernels.ops.speculative.gather_spec_extras import gather_spec_extras as host
-from sglang_spec_ext.sglang.cpu_overlap import gather_spec_extras as ours
+from sglang_spec_ext.sglang.cpu.overlap import gather_spec_extras as ours
 from tests.host.test_cpu_overlap import _relay_buffers
 same = []
 for seed, hidden in ((0, True), (1, False)):

@@ -56,7 +56,7 @@ importlib.metadata.version = _version
 
 def test_doctor_reports_an_unsupported_host_version(monkeypatch, capsys):
     from sglang_spec_ext import doctor
-    from sglang_spec_ext.sglang import host
+    from sglang_spec_ext.sglang.host import version as host
 
     monkeypatch.setattr(host, "host_version", lambda: "0.6.1")
     rc = doctor.run(doctor_args())

@@ -4,7 +4,7 @@ with an error naming the flag (fresh interpreters: the host binds CPU paths at i
 
 from __future__ import annotations
 
-from sglang_spec_ext.sglang.draft_attention import DECODE_TARGET, EXTEND_TARGET, INSTALLED_NAME
+from sglang_spec_ext.sglang.cpu.draft_attention import DECODE_TARGET, EXTEND_TARGET, INSTALLED_NAME
 from tests.harness.subproc import snippet_result
 
 SCENARIO = """
@@ -14,7 +14,7 @@ from unittest import mock
 import sglang.srt.utils as host_utils
 from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.srt.speculative import draft_utils
-from sglang_spec_ext.sglang import draft_attention as da
+from sglang_spec_ext.sglang.cpu import draft_attention as da
 
 res = {}
 real_is_cuda = host_utils.is_cuda
@@ -68,7 +68,7 @@ def test_installs_on_the_cpu_engine_only_once_and_builds_torch_native_drafts():
 
 def test_the_plugin_installs_it_through_its_runtime_hooks():
     code = (
-        "import json\nfrom sglang_spec_ext.sglang.runtime_hooks import install_runtime_hooks\n"
+        "import json\nfrom sglang_spec_ext.plugin import install_runtime_hooks\n"
         "print('RESULT ' + json.dumps(install_runtime_hooks()))\n"
     )
     assert INSTALLED_NAME in _result(code)

@@ -1,4 +1,4 @@
-"""The draft-KV repair's bookkeeping (sglang/draft_kv_repair.py) without a model: which
+"""The draft-KV repair's bookkeeping (sglang/model_drafts/kv_repair.py) without a model: which
 positions a request recomputes, when a skipped step marks it, and that a failing repair
 switches itself off instead of failing the decode step. The batches and requests are
 stand-ins with the fields the hooks read (the real ScheduleBatch of a decode step needs
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_spec_ext.sglang import draft_kv_repair as dkr
-from sglang_spec_ext.sglang import model_draft_adaptive as mda
+from sglang_spec_ext.sglang.model_drafts import adaptive as mda
+from sglang_spec_ext.sglang.model_drafts import kv_repair as dkr
 from tests.host.test_model_draft_adaptive import StandInWorker
 
 
@@ -210,9 +210,9 @@ def test_hybrid_does_not_take_the_repair_forward_for_a_draft_step(monkeypatch):
     draft() whose repair forward runs first (the BEFORE hook), then the host's
     draft_forward with two step forwards: the two steps are the score columns, not the
     repair (before the fix its logits were a third column, shifting every step)."""
-    from sglang_spec_ext.sglang import hybrid_worker
-    from sglang_spec_ext.sglang.hybrid_confidence import top_prob
-    from sglang_spec_ext.sglang.hybrid_worker import HybridMixin
+    from sglang_spec_ext.sglang.workers import hybrid_worker
+    from sglang_spec_ext.sglang.workers.hybrid_confidence import top_prob
+    from sglang_spec_ext.sglang.workers.hybrid_worker import HybridMixin
 
     monkeypatch.setattr(hybrid_worker, "tp_sync", lambda: None)  # one rank, no host context
     seen: list[bool] = []

@@ -16,7 +16,7 @@ import pytest
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.sampling.sampling_params import SamplingParams
 
-from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
+from sglang_spec_ext.sglang.workers.suffix_worker import SuffixWorker
 
 WIDTH = 6
 ERRORS = (RuntimeError, MemoryError, IndexError)
@@ -162,7 +162,7 @@ def test_faults_are_logged_once_per_request_and_counted_every_time(worker, caplo
 
 
 def test_fault_log_lines_are_rate_limited(worker, caplog, monkeypatch):
-    from sglang_spec_ext.sglang import fault_log
+    from sglang_spec_ext.sglang.workers import fault_log
 
     monkeypatch.setattr(fault_log, "FAULT_LOG_BURST", 3)
     reqs = [Req(f"r{i}", "", [1, 2, 3], SamplingParams(max_new_tokens=8)) for i in range(8)]
@@ -199,7 +199,7 @@ def test_a_malformed_draft_is_replaced_by_an_empty_one(worker):
 def test_drafter_stats_are_logged_as_json_for_the_soak_harness(worker, caplog, monkeypatch):
     import json
 
-    from sglang_spec_ext.sglang import suffix_worker
+    from sglang_spec_ext.sglang.workers import suffix_worker
     from sglang_spec_ext.soak.runner import DRAFTER_STATS_MARK
 
     assert suffix_worker.STATS_LOG_MARK == DRAFTER_STATS_MARK

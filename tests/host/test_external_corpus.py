@@ -1,4 +1,4 @@
-"""The SUFFIX worker's external corpora (sglang/external_corpus.py) with a real drafter,
+"""The SUFFIX worker's external corpora (sglang/serving/external_corpus.py) with a real drafter,
 and the tokenizer-manager hooks leaving other algorithms to the host."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from sglang_spec_ext.sglang.external_corpus import (
+from sglang_spec_ext.sglang.serving.external_corpus import (
     SEPARATOR_TOKEN,
     CorpusStore,
     add_corpus_around,

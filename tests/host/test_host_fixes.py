@@ -1,4 +1,4 @@
-"""Host fixes (sglang_spec_ext/sglang/host_fixes.py) against the real host code.
+"""Host fixes (sglang_spec_ext/sglang/host/fixes.py) against the real host code.
 
 Each scenario runs in a fresh interpreter (the host's HookRegistry is process-wide):
 the real ``get_req_to_token_extra_context_len`` as the real request-to-token pool
@@ -46,7 +46,7 @@ def _run(code: str, env: dict[str, str] | None = None) -> dict:
 def test_row_headroom_fix_covers_the_decode_reserve():
     res = _run(
         """
-from sglang_spec_ext.sglang.host_fixes import install_host_fixes
+from sglang_spec_ext.sglang.host.fixes import install_host_fixes
 res["installed"] = install_host_fixes()
 res["again"] = install_host_fixes()
 res["after"] = measure()
@@ -67,7 +67,7 @@ res["after"] = measure()
 
 def test_plugin_installs_it_and_the_switch_turns_it_off():
     code = """
-from sglang_spec_ext.sglang.runtime_hooks import install_runtime_hooks
+from sglang_spec_ext.plugin import install_runtime_hooks
 res["installed"] = install_runtime_hooks()
 res["after"] = measure()
 """
@@ -82,7 +82,7 @@ res["after"] = measure()
 def test_a_moved_target_fails_by_name(monkeypatch):
     import pytest
 
-    from sglang_spec_ext.sglang import host_fixes
+    from sglang_spec_ext.sglang.host import fixes as host_fixes
 
     moved = host_fixes.HostFix(
         "moved", "sglang.srt.mem_cache.allocation_sizing.no_such_function", "AFTER", len, "test"

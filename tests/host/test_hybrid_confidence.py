@@ -1,4 +1,4 @@
-"""HYBRID's draft-confidence tap (sglang/hybrid_confidence.py) under the CPU graph
+"""HYBRID's draft-confidence tap (sglang/workers/hybrid_confidence.py) under the CPU graph
 emulation's capture and replay (cpu_graphs.TracedGraph, the stand-in for a CUDA graph
 that the e2e graph mode uses): a replayed multi-step draft writes the same per-step top
 probabilities as an eager one, for new inputs, where a Python wrapper alone would see
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_spec_ext.sglang.cpu_graphs import TracedGraph
-from sglang_spec_ext.sglang.hybrid_confidence import ConfidenceTap, top_prob
+from sglang_spec_ext.sglang.cpu.graph_capture import TracedGraph
+from sglang_spec_ext.sglang.workers.hybrid_confidence import ConfidenceTap, top_prob
 
 VOCAB = 16
 

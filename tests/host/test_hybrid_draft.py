@@ -1,4 +1,4 @@
-"""HYBRID's draft step without the model (sglang/hybrid_draft.py ``draft_without_model``).
+"""HYBRID's draft step without the model (sglang/workers/hybrid_draft.py ``draft_without_model``).
 
 The draft worker here is a stand-in with the host's attribute names (the real
 ``EagleDraftWorker`` needs a loaded draft model): its ``draft`` runs a draft-KV repair
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_spec_ext.sglang import draft_kv_repair as dkr
-from sglang_spec_ext.sglang.hybrid_draft import draft_without_model
+from sglang_spec_ext.sglang.model_drafts import kv_repair as dkr
+from sglang_spec_ext.sglang.workers.hybrid_draft import draft_without_model
 
 
 def _worker():

@@ -1,4 +1,4 @@
-"""HYBRID's verify-row splice (sglang/verify_rows.py) against the host's tree layout.
+"""HYBRID's verify-row splice (sglang/verify/rows.py) against the host's tree layout.
 
 The host's EAGLE tree builder (here the plugin's pure-torch ``build_tree_kernel_efficient``,
 itself checked against the CUDA kernel's reference in tests/unit/test_cpu_fallback_ops.py)
@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from sglang_spec_ext.replay.protocol import tree_from_ancestor_mask
-from sglang_spec_ext.sglang.cpu_fallbacks import ops
-from sglang_spec_ext.sglang.verify_rows import read_tree, write_trees
-from sglang_spec_ext.tree import retrieve_links, tree_mask
+from sglang_spec_ext.sglang.cpu.fallbacks import ops
+from sglang_spec_ext.sglang.verify.rows import read_tree, write_trees
+from sglang_spec_ext.verify.layout import retrieve_links, tree_mask
 from tests.unit.test_cpu_fallback_ops import eagle_case
 
 

@@ -1,7 +1,7 @@
 """LoRA with SUFFIX and HYBRID through the host's real argument pipeline
 (prepare_server_args -> resolve_once -> check_server_args, where the host's
 ``check_lora_speculative_compatibility`` runs), and the CPU engine's LoRA fallbacks
-(sglang_spec_ext/sglang/cpu_fallbacks/lora.py) installed by the real ``load_plugins``."""
+(sglang_spec_ext/sglang/cpu/fallbacks/lora.py) installed by the real ``load_plugins``."""
 
 from __future__ import annotations
 
@@ -14,26 +14,26 @@ from sglang.srt.arg_groups.overrides import resolved_view
 from sglang.srt.server_args import prepare_server_args
 
 from sglang_spec_ext.plugin import register
-from sglang_spec_ext.sglang.cpu_fallbacks.lora import (
+from sglang_spec_ext.sglang.cpu.fallbacks.lora import (
     LORA_ARGS_TARGET,
     LORA_TARGETS,
     NoPinnedMemory,
 )
-from sglang_spec_ext.sglang.lora_support import TARGET
+from sglang_spec_ext.sglang.serving.lora_support import TARGET
 from tests.harness.subproc import snippet_result
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     # A real model directory: with --model-path dummy the host skips speculative validation.
-    from sglang_spec_ext.testing_models import build_tiny_llama
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
 
     return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
 
 
 @pytest.fixture(scope="module")
 def adapter_dir(model_dir, tmp_path_factory):
-    from sglang_spec_ext.testing_lora import build_lora_adapter
+    from sglang_spec_ext.models.testing.lora import build_lora_adapter
 
     return str(build_lora_adapter(model_dir, tmp_path_factory.mktemp("lora") / "a", seed=1))
 

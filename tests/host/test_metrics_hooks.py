@@ -1,4 +1,4 @@
-"""sglang/metrics.py against the real host (fresh interpreter: HookRegistry is
+"""sglang/serving/metrics.py against the real host (fresh interpreter: HookRegistry is
 process-wide): every hook lands on the host method it names, the host's output
 streamer treats our key as request-level, and the host's tokenizer manager turns our
 customized field into one record in ``meta_info``. Fails loudly when a host version
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from sglang_spec_ext.plugin import register
 register()
 from sglang.srt.plugins.hook_registry import HookRegistry
-from sglang_spec_ext.sglang import metrics as m
+from sglang_spec_ext.sglang.serving import metrics as m
 
 targets = [m.REPORTER_TARGET, m.ACCEPT_TARGET, m.REQUEST_LEVEL_TARGET, m.META_TARGET,
            m.VERIFY_TARGET]

@@ -1,4 +1,4 @@
-"""The goodput controller as the host's adaptive policy (sglang/model_draft_adaptive.py),
+"""The goodput controller as the host's adaptive policy (sglang/model_drafts/adaptive.py),
 driven through SGLang's real ``adaptive_runtime_state.AdaptiveController`` and its real
 ``AdaptiveSpeculativeParams`` (the EMA policy). The worker is a stand-in: the real
 EAGLEWorkerV2 builds its runtime states from model runners and attention backends that
@@ -18,7 +18,7 @@ from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParam
 from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
 from sglang_spec_ext.adaptive.chain import ChainAcceptance
 from sglang_spec_ext.adaptive.config import CHAIN_DEFAULTS
-from sglang_spec_ext.sglang import model_draft_adaptive as mda
+from sglang_spec_ext.sglang.model_drafts import adaptive as mda
 
 
 class StandInWorker:
@@ -269,8 +269,8 @@ def test_an_mtp_draft_is_its_own_kind_with_the_mtp_prior(tmp_path, monkeypatch):
     target, or a target without MTP layers, stays ``eagle``."""
     from sglang.srt.utils.hf_transformers_utils import get_config
 
-    from sglang_spec_ext.testing_models import build_tiny_llama
-    from sglang_spec_ext.testing_mtp import build_tiny_mimo_mtp
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
+    from sglang_spec_ext.models.testing.mtp import build_tiny_mimo_mtp
 
     mimo = get_config(str(build_tiny_mimo_mtp(tmp_path / "mimo", seed=0)), trust_remote_code=False)
     llama = get_config(str(build_tiny_llama(tmp_path / "llama", seed=0)), trust_remote_code=False)

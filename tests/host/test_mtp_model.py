@@ -1,4 +1,4 @@
-"""The tiny MiMo-shaped model (sglang_spec_ext/testing_mtp.py) against the real host code:
+"""The tiny MiMo-shaped model (sglang_spec_ext/models/testing/mtp.py) against the real host code:
 argument resolution of NEXTN / EAGLE with and without a draft path, the host's model
 config naming the draft ``MiMoMTP``, and both host loaders filling every parameter.
 
@@ -20,7 +20,7 @@ STEPS1 = ["--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
 
 @pytest.fixture(scope="module")
 def mimo(tmp_path_factory):
-    from sglang_spec_ext.testing_mtp import build_tiny_mimo_mtp
+    from sglang_spec_ext.models.testing.mtp import build_tiny_mimo_mtp
 
     return str(build_tiny_mimo_mtp(tmp_path_factory.mktemp("mimo") / "m", seed=0))
 
@@ -54,7 +54,7 @@ def test_nextn_and_eagle_resolve_alike_with_and_without_a_draft_path(mimo):
 
 
 LOAD = """
-from sglang_spec_ext.sglang import cpu_placeholders
+from sglang_spec_ext.sglang.cpu import placeholders as cpu_placeholders
 cpu_placeholders.install()
 import json, tempfile, torch
 from safetensors.torch import load_file

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from sglang_spec_ext import doctor
-from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
+from sglang_spec_ext.sglang.workers.suffix_worker import SuffixWorker
 from sglang_spec_ext.suffix import drafter as drafter_module
 
 

@@ -46,9 +46,9 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.speculative import ngram_worker
 
-from sglang_spec_ext.sglang.adaptive_worker import AdaptiveSuffixWorker
-from sglang_spec_ext.sglang.cpu_fallbacks import ops
-from sglang_spec_ext.sglang.spec_class import ModelFreeSpecAlgo
+from sglang_spec_ext.sglang.cpu.fallbacks import ops
+from sglang_spec_ext.sglang.serving.spec_class import ModelFreeSpecAlgo
+from sglang_spec_ext.sglang.workers.adaptive_worker import AdaptiveSuffixWorker
 
 MAX_WIDTH = 6
 MAX_BS = 8

@@ -1,4 +1,4 @@
-"""Plain decode steps (sglang/plain_step.py) reach the host's real worker.
+"""Plain decode steps (sglang/workers/plain_step.py) reach the host's real worker.
 
 The host's ``HookRegistry.apply_hooks`` patches each target once, so a hook registered
 for a target an earlier apply already patched would be recorded and never run: our
@@ -36,7 +36,7 @@ def _around(original, self: Target, x: int) -> int:
 def test_a_hook_registered_after_its_target_was_patched_still_runs():
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_spec_ext.sglang.runtime_hooks import register_hooks_once
+    from sglang_spec_ext.sglang.host.hooks import register_hooks_once
 
     target = f"{__name__}.Target.step"
     original = Target.step
@@ -78,20 +78,20 @@ def test_the_plain_step_hook_sits_inside_the_metrics_hook_on_the_real_verify():
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("CHAIN")), None)
     assert line is not None, out.stdout + out.stderr
     assert line == (
-        "CHAIN ['sglang_spec_ext.sglang.metrics._after_verify', "
-        "'sglang_spec_ext.sglang.plain_step.verify_hook']"
+        "CHAIN ['sglang_spec_ext.sglang.serving.metrics._after_verify', "
+        "'sglang_spec_ext.sglang.workers.plain_step.verify_hook']"
     ), line
 
 
 def test_plain_steps_off_leaves_the_host_verify_alone():
     out = run_snippet(CHAIN, env={"SGLANG_SPEC_EXT_PLAIN_STEPS": "0"})
-    assert "CHAIN ['sglang_spec_ext.sglang.metrics._after_verify']" in out.stdout, (
+    assert "CHAIN ['sglang_spec_ext.sglang.serving.metrics._after_verify']" in out.stdout, (
         out.stdout + out.stderr
     )
 
 
 def test_stats_line_counts_plain_host_and_narrow_steps():
-    from sglang_spec_ext.sglang.plain_step import PlainStepStats
+    from sglang_spec_ext.sglang.workers.plain_step import PlainStepStats
 
     stats = PlainStepStats(log_interval_s=3600)
     stats.count(True)

@@ -51,7 +51,7 @@ def test_register_is_idempotent_in_process():
 
 def test_unsupported_host_version_refuses_with_range(monkeypatch):
     from sglang_spec_ext import plugin
-    from sglang_spec_ext.sglang import host
+    from sglang_spec_ext.sglang.host import version as host
 
     monkeypatch.setattr(host, "host_version", lambda: "0.5.22")
     with pytest.raises(
@@ -74,6 +74,6 @@ def test_unsupported_host_version_refuses_with_range(monkeypatch):
     ],
 )
 def test_supported_range(version, ok):
-    from sglang_spec_ext.sglang.host import is_supported
+    from sglang_spec_ext.sglang.host.version import is_supported
 
     assert is_supported(version) is ok

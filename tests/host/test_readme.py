@@ -57,8 +57,8 @@ def test_readme_is_a_front_page():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from sglang_spec_ext.testing_models import build_eagle3_head, build_tiny_llama
-    from sglang_spec_ext.testing_mtp import build_tiny_mimo_mtp
+    from sglang_spec_ext.models.testing.llama import build_eagle3_head, build_tiny_llama
+    from sglang_spec_ext.models.testing.mtp import build_tiny_mimo_mtp
 
     model = build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0)
     head = build_eagle3_head(model, tmp_path_factory.mktemp("eagle3") / "head")
@@ -72,7 +72,7 @@ def _resolve(argv: list[str], env: dict[str, str], monkeypatch) -> None:
     from sglang.srt.server_args import prepare_server_args
 
     from sglang_spec_ext.plugin import register
-    from sglang_spec_ext.sglang.server_args import plugin_config
+    from sglang_spec_ext.sglang.serving.server_args import plugin_config
 
     for k in list(os.environ):
         if k.startswith("SGLANG_SPEC_EXT_"):

@@ -15,7 +15,7 @@ from sglang_spec_ext.replay import (  # noqa: E402
     replay,
 )
 from sglang_spec_ext.replay.protocol import Draft, validate_draft  # noqa: E402
-from sglang_spec_ext.sglang.replay_ngram import HostNgramDrafter, _drop_padding  # noqa: E402
+from sglang_spec_ext.sglang.host.replay_ngram import HostNgramDrafter, _drop_padding  # noqa: E402
 
 BODY = tuple(range(100, 160))
 

@@ -16,7 +16,7 @@ from sglang_spec_ext.plugin import register
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     # A real model directory: with --model-path dummy the host skips speculative validation.
-    from sglang_spec_ext.testing_models import build_tiny_llama
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
 
     return str(build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=0))
 
@@ -105,7 +105,10 @@ def test_dp_attention_is_rejected():
     # check here; on GPU hosts it does.
     from types import SimpleNamespace
 
-    from sglang_spec_ext.sglang.server_args import IncompatibleServerArgs, validate_server_args
+    from sglang_spec_ext.sglang.serving.server_args import (
+        IncompatibleServerArgs,
+        validate_server_args,
+    )
 
     args = SimpleNamespace(speculative_algorithm="SUFFIX", device="cuda", enable_dp_attention=True)
     with pytest.raises(IncompatibleServerArgs, match="--enable-dp-attention: SUFFIX does not"):
@@ -137,7 +140,7 @@ def resolve_hybrid(model_dir, *extra):
 def test_hybrid_resolves_the_host_model_draft_settings(model_dir):
     import os
 
-    from sglang_spec_ext.sglang.server_args import HYBRID_KIND_ENV
+    from sglang_spec_ext.sglang.serving.server_args import HYBRID_KIND_ENV
 
     v = resolve_hybrid(model_dir, "--speculative-draft-model-path", model_dir)
     assert v.speculative_algorithm == "HYBRID"
@@ -157,8 +160,8 @@ def test_hybrid_keeps_overlap_scheduling_on_a_gpu_and_on_cpu_when_asked(monkeypa
     workers); on the CPU engine only with the overlap emulation switched on."""
     from types import SimpleNamespace
 
-    from sglang_spec_ext.sglang.cpu_overlap import ENV
-    from sglang_spec_ext.sglang.server_args import handle_hybrid_server_args
+    from sglang_spec_ext.sglang.cpu.overlap import ENV
+    from sglang_spec_ext.sglang.serving.server_args import handle_hybrid_server_args
 
     def handled(device: str):
         args = SimpleNamespace(device=device, disable_overlap_schedule=False,
@@ -208,7 +211,7 @@ def _draft_config(model_dir, out_dir, architecture: str):
 
 @pytest.mark.parametrize("kind", [*DRAFT_ARCHITECTURES, "no architectures"])
 def test_hybrid_draft_kind_by_path_through_the_hosts_config(model_dir, tmp_path, kind):
-    from sglang_spec_ext.sglang.hybrid_draft import draft_kind
+    from sglang_spec_ext.sglang.model_drafts.draft_kind import draft_kind
 
     path = _draft_config(model_dir, tmp_path / "draft", DRAFT_ARCHITECTURES.get(kind, ""))
     if kind in DRAFT_ARCHITECTURES:
@@ -225,7 +228,7 @@ def test_hybrid_draft_kind_by_path_through_the_hosts_config(model_dir, tmp_path,
 #: offline switch from the environment when it is imported.
 _BY_ID = """
 import json, sys
-from sglang_spec_ext.sglang.hybrid_draft import draft_kind
+from sglang_spec_ext.sglang.model_drafts.draft_kind import draft_kind
 out = {}
 for name in sys.argv[1:]:
     try:
@@ -254,7 +257,7 @@ def test_hybrid_draft_kind_by_hub_id_from_the_hub_cache(model_dir, tmp_path):
         (repo / "refs").mkdir()
         (repo / "refs" / "main").write_text(revision)
         ids[f"spec-ext-test/{kind}-draft"] = kind
-    from sglang_spec_ext.sglang.cpu_serving import cpu_serving_env
+    from sglang_spec_ext.sglang.cpu.serving import cpu_serving_env
 
     env = cpu_serving_env(extra={"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
                                  "HF_HOME": str(tmp_path / "hf-home")})  # fmt: skip
@@ -278,7 +281,7 @@ def test_hybrid_draft_kind_by_hub_id_from_the_hub_cache(model_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def mimo_dir(tmp_path_factory):
-    from sglang_spec_ext.testing_mtp import build_tiny_mimo_mtp
+    from sglang_spec_ext.models.testing.mtp import build_tiny_mimo_mtp
 
     return str(build_tiny_mimo_mtp(tmp_path_factory.mktemp("mimo") / "m", seed=0))
 
@@ -286,7 +289,7 @@ def mimo_dir(tmp_path_factory):
 def test_hybrid_on_an_mtp_target_drafts_with_its_mtp_layers(mimo_dir):
     import os
 
-    from sglang_spec_ext.sglang.server_args import HYBRID_KIND_ENV
+    from sglang_spec_ext.sglang.serving.server_args import HYBRID_KIND_ENV
 
     logged: list[str] = []
     handler = logging.Handler(logging.INFO)
@@ -328,7 +331,7 @@ def test_hybrid_without_a_draft_path_or_mtp_layers_names_the_flag(model_dir):
 def test_hybrid_draft_kind_of_an_mtp_checkpoint_is_eagle(mimo_dir, model_dir):
     from sglang.srt.utils.hf_transformers_utils import get_config
 
-    from sglang_spec_ext.sglang.hybrid_draft import (
+    from sglang_spec_ext.sglang.model_drafts.draft_kind import (
         declared_mtp_layers,
         draft_kind,
         host_draft_architecture,

@@ -1,4 +1,4 @@
-"""SnapshotKeeper (sglang_spec_ext/sglang/snapshots.py) with a real SuffixDrafter:
+"""SnapshotKeeper (sglang_spec_ext/sglang/serving/snapshots.py) with a real SuffixDrafter:
 load at start-up, refusals, periodic background writes, the final write, shutdown
 hooks in a real process, and the host attributes snapshot_identity reads."""
 
@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_spec_ext.config import ConfigError, load_config
-from sglang_spec_ext.sglang import shutdown_hooks, snapshots
-from sglang_spec_ext.sglang.snapshots import SnapshotKeeper, snapshot_identity
+from sglang_spec_ext.sglang.serving import shutdown_hooks, snapshots
+from sglang_spec_ext.sglang.serving.snapshots import SnapshotKeeper, snapshot_identity
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter
 from sglang_spec_ext.suffix.snapshot import read_header, read_snapshot, write_snapshot
 
@@ -424,7 +424,7 @@ CHILD = textwrap.dedent(
     """
     import logging, os, signal, sys, time
     logging.basicConfig(level=logging.INFO, stream=sys.stdout)
-    from sglang_spec_ext.sglang.snapshots import SnapshotKeeper
+    from sglang_spec_ext.sglang.serving.snapshots import SnapshotKeeper
     from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter
 
     path, how = sys.argv[1], sys.argv[2]

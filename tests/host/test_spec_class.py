@@ -8,7 +8,7 @@ import pytest
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import _assert_custom_spec_algo_conforms
 
-from sglang_spec_ext.sglang.spec_class import HybridSpecAlgo, ModelFreeSpecAlgo
+from sglang_spec_ext.sglang.serving.spec_class import HybridSpecAlgo, ModelFreeSpecAlgo
 
 OUR_CLASSES = (ModelFreeSpecAlgo, HybridSpecAlgo)
 
@@ -60,7 +60,7 @@ def test_host_conformance_check_accepts_it(cls):
      ("eagle3", False, True, True), ("auto", True, False, False)],
 )  # fmt: skip
 def test_hybrid_answers_as_the_host_model_draft_route(monkeypatch, kind, standalone, eagle, eagle3):
-    from sglang_spec_ext.sglang.server_args import HYBRID_KIND_ENV
+    from sglang_spec_ext.sglang.serving.server_args import HYBRID_KIND_ENV
 
     monkeypatch.setenv(HYBRID_KIND_ENV, kind)
     algo = HybridSpecAlgo(name="HYBRID", factory=lambda sa: object, supports_overlap=True)

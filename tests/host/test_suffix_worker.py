@@ -19,7 +19,7 @@ from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
+from sglang_spec_ext.sglang.workers.suffix_worker import SuffixWorker
 
 WIDTH = 6
 
@@ -185,7 +185,7 @@ def test_draft_gate_is_on_by_default_and_off_under_the_controller(worker, monkey
     """The product default is the gate on (the test bed turns it off elsewhere:
     tests/conftest.py); the controller picks widths itself, so an adaptive worker drops
     the gate, and warns only where SGLANG_SPEC_EXT_DRAFT_GATE=1 was asked for."""
-    from sglang_spec_ext.sglang.adaptive_worker import AdaptiveSuffixWorker
+    from sglang_spec_ext.sglang.workers.adaptive_worker import AdaptiveSuffixWorker
 
     monkeypatch.delenv("SGLANG_SPEC_EXT_DRAFT_GATE", raising=False)
     worker._init_drafter()

@@ -59,7 +59,7 @@ def _run_two_ranks(target: Callable[..., dict], tmp_path: Path) -> tuple[dict, d
 def _rank_entry(target: Callable[..., dict], rank: int, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from sglang_spec_ext.sglang import cpu_placeholders
+    from sglang_spec_ext.sglang.cpu import placeholders as cpu_placeholders
 
     cpu_placeholders.install()
     for k in list(os.environ):
@@ -102,7 +102,7 @@ def _step_time(rank: int, steps: int, bs: int) -> float:
 def _controller_rank(rank: int, group) -> dict:
     from sglang.srt.runtime_context import get_parallel
 
-    from sglang_spec_ext.sglang import model_draft_adaptive as mda
+    from sglang_spec_ext.sglang.model_drafts import adaptive as mda
     from tests.host.test_model_draft_adaptive import StandInWorker
 
     os.environ["SGLANG_SPEC_EXT_ADAPTIVE"] = "1"
@@ -140,9 +140,9 @@ def test_model_draft_controller_runs_the_first_ranks_step_counts(tmp_path):
 def _hybrid_rank(rank: int, group) -> dict:
     import numpy as np
 
-    from sglang_spec_ext.hybrid import HybridState
-    from sglang_spec_ext.sglang.hybrid_worker import HybridMixin
-    from sglang_spec_ext.sglang.tp_sync import TpSync
+    from sglang_spec_ext.hybrid.choice import HybridState
+    from sglang_spec_ext.sglang.workers.hybrid_worker import HybridMixin
+    from sglang_spec_ext.sglang.workers.tp_sync import TpSync
 
     bs, width = 2, 4
     spliced: list = []
@@ -185,8 +185,8 @@ def test_hybrid_fault_on_one_rank_keeps_the_broadcast_and_the_first_ranks_rows(t
 
 # -- SUFFIX: the first rank cannot draft ----------------------------------------------
 def _suffix_rank(rank: int, group) -> dict:
-    from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
-    from sglang_spec_ext.sglang.tp_sync import TpSync
+    from sglang_spec_ext.sglang.workers.suffix_worker import SuffixWorker
+    from sglang_spec_ext.sglang.workers.tp_sync import TpSync
 
     class Batch:
         spec_info = None
@@ -287,8 +287,8 @@ def test_suffix_fault_on_either_rank_never_skips_the_broadcast(tmp_path):
 
 # -- the draft-KV repair: one rank cannot prepare it ----------------------------------
 def _repair_rank(rank: int, group) -> dict:
-    from sglang_spec_ext.sglang import draft_kv_repair as dkr
-    from sglang_spec_ext.sglang.tp_sync import TpSync
+    from sglang_spec_ext.sglang.model_drafts import kv_repair as dkr
+    from sglang_spec_ext.sglang.workers.tp_sync import TpSync
 
     dkr.STATS = dkr.RepairStats()
     dkr._SYNC[:] = [TpSync(group, src=0)]
@@ -327,7 +327,7 @@ def test_all_ok_is_true_only_if_every_rank_is(tmp_path):
 
 
 def _all_ok_rank(rank: int, group) -> dict:
-    from sglang_spec_ext.sglang.tp_sync import TpSync
+    from sglang_spec_ext.sglang.workers.tp_sync import TpSync
 
     sync = TpSync(group, src=0)
     cases = [(True, True), (True, False), (False, True), (False, False)]

@@ -50,14 +50,14 @@ _REQS = [_Req(f"r{i}", [5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [7, 8, 5]) for i in range
 def _rank_main(rank: int, store: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from sglang_spec_ext.sglang import cpu_placeholders
+    from sglang_spec_ext.sglang.cpu import placeholders as cpu_placeholders
 
     cpu_placeholders.install()
     for k in list(os.environ):
         if k.startswith("SGLANG_SPEC_EXT_"):
             del os.environ[k]
-    from sglang_spec_ext.sglang.adaptive_worker import AdaptiveSuffixWorker
-    from sglang_spec_ext.sglang.tp_sync import TpSync
+    from sglang_spec_ext.sglang.workers.adaptive_worker import AdaptiveSuffixWorker
+    from sglang_spec_ext.sglang.workers.tp_sync import TpSync
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     cpu_group = dist.new_group([0, 1], backend="gloo")
@@ -79,7 +79,7 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
         result["synced" if synced else "own"] = widths
     # Drafts: a fault absorbed on rank 1 only (its drafter fails for request "r1"),
     # so without the sync rank 1 would verify different tokens for that request.
-    from sglang_spec_ext.sglang.suffix_worker import SuffixWorker
+    from sglang_spec_ext.sglang.workers.suffix_worker import SuffixWorker
 
     for synced in (False, True):
         w = object.__new__(SuffixWorker)

@@ -247,7 +247,7 @@ def root_only_verify(verify_input, batch, logits_output, grammar_mask, **kw):
 
 def assign_extend_cache_locs(**kw) -> torch.Tensor:
     """The host's ``assign_extend_cache_locs_func`` (GPU kernel) on CPU."""
-    from sglang_spec_ext.sglang.cpu_fallbacks import ops
+    from sglang_spec_ext.sglang.cpu.fallbacks import ops
 
     table = kw["req_to_token"]
     out = torch.empty(kw["batch_size"] * kw["draft_token_num"], dtype=torch.int64)
@@ -262,7 +262,7 @@ def install_host_stand_ins(patch) -> None:
     from sglang.srt.layers.attention import attention_registry
     from sglang.srt.speculative import ngram_worker
 
-    from sglang_spec_ext.sglang.cpu_fallbacks import ops
+    from sglang_spec_ext.sglang.cpu.fallbacks import ops
 
     patch(ngram_worker, "_is_cpu", False)  # build the verify input a GPU server builds
     patch(attention_registry, "get_device_capability", lambda *a, **k: (9, 0))  # an H100
@@ -283,7 +283,7 @@ def install_host_stand_ins(patch) -> None:
 
 def server_topk(page_size: int, backend: str, use_tree: bool) -> int:
     """``speculative_eagle_topk`` as our server-args hook sets it for SUFFIX."""
-    from sglang_spec_ext.sglang.server_args import handle_server_args
+    from sglang_spec_ext.sglang.serving.server_args import handle_server_args
 
     os.environ["SGLANG_SPEC_EXT_USE_TREE"] = "1" if use_tree else "0"
     args = SimpleNamespace(
@@ -325,7 +325,7 @@ class Case:
     def make_worker(self, backend_cls: type | None, startup_backend=None, built=None):
         """The adaptive worker over a target whose backend is built at the startup
         width; ``built`` (a list) collects every backend the factory builds."""
-        from sglang_spec_ext.sglang.adaptive_worker import AdaptiveSuffixWorker
+        from sglang_spec_ext.sglang.workers.adaptive_worker import AdaptiveSuffixWorker
 
         runner = StandInModelRunner(self.page_size, backend_cls, built)
         if startup_backend is not None:
@@ -562,7 +562,7 @@ def test_fa3_verify_metadata_follows_the_adaptive_width(monkeypatch, page_size, 
 
 
 def test_a_backend_that_cannot_be_built_per_width_stops_the_start_up(monkeypatch):
-    from sglang_spec_ext.sglang.verify_width import VerifyWidthBackendError
+    from sglang_spec_ext.sglang.verify.widths import VerifyWidthBackendError
 
     install_host_stand_ins(monkeypatch.setattr)
     case = Case("fa3", 1, True)
@@ -583,7 +583,7 @@ def test_a_backend_that_cannot_be_built_per_width_stops_the_start_up(monkeypatch
 
 
 def test_fa3_tree_drafts_at_page_size_above_one_are_refused_at_start_up():
-    from sglang_spec_ext.sglang.server_args import IncompatibleServerArgs
+    from sglang_spec_ext.sglang.serving.server_args import IncompatibleServerArgs
 
     with pytest.raises(IncompatibleServerArgs, match="--attention-backend fa3"):
         server_topk(16, "fa3", use_tree=True)
@@ -679,7 +679,7 @@ def check_flashinfer(record, width, tree, batch) -> list[str]:
 
 def backend_main(backend: str, cases: list[tuple[int, bool]]) -> dict:
     """Run in the subprocess (``TRITON_INTERPRET=1``): problems per case and width."""
-    from sglang_spec_ext.sglang import cpu_placeholders
+    from sglang_spec_ext.sglang.cpu import placeholders as cpu_placeholders
 
     cpu_placeholders.install()
     install_host_stand_ins(setattr)

@@ -1,4 +1,4 @@
-"""The start-up check of verify-width buffers (sglang/verify_memory.py) on the host.
+"""The start-up check of verify-width buffers (sglang/verify/memory_check.py) on the host.
 
 In a fresh interpreter (the host's HookRegistry is process-wide): the plugin is
 registered the way SGLang's ``load_plugins`` does (``plugin.register``, which installs
@@ -99,7 +99,7 @@ def test_a_width_that_fits_and_other_algorithms_go_on_to_the_hosts_capture():
 def test_adaptive_suffix_counts_a_verify_graph_per_width_it_can_choose():
     """With the controller on, SUFFIX captures the target's verify graphs at every width
     it can choose (adaptive_worker.verify_graph_widths): the check sizes all of them."""
-    from sglang_spec_ext.sglang.adaptive_worker import verify_graph_widths
+    from sglang_spec_ext.sglang.workers.adaptive_worker import verify_graph_widths
 
     res = _run("SUFFIX", 3.0, env={"SGLANG_SPEC_EXT_ADAPTIVE": "1"})
     assert res["outcome"] == "VerifyMemoryError", res

@@ -1,4 +1,4 @@
-"""The shared acceptance calibration (sglang_spec_ext.calibration)."""
+"""The shared acceptance calibration (sglang_spec_ext.hybrid.calibration)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from sglang_spec_ext.calibration import AcceptanceCalibrator, accepted_path
+from sglang_spec_ext.hybrid.calibration import AcceptanceCalibrator, accepted_path
 
 
 def test_accepted_path_follows_the_committed_tokens():

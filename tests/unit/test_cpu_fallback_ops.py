@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from sglang_spec_ext.sglang.cpu_fallbacks import ops
-from sglang_spec_ext.sglang.cpu_fallbacks.verify_attention import draft_masks, tree_verify_attention
+from sglang_spec_ext.sglang.cpu.fallbacks import ops
+from sglang_spec_ext.sglang.cpu.fallbacks.verify_attention import draft_masks, tree_verify_attention
 
 BATCHES = (1, 2, 7, 32)
 SHAPES = ("chain", "star", "random")

@@ -1,4 +1,4 @@
-"""The placeholder modules for CPU serving (sglang_spec_ext.sglang.cpu_placeholders),
+"""The placeholder modules for CPU serving (sglang_spec_ext.sglang.cpu.placeholders),
 the `serve-cpu` subcommand that installs them, and bench's --serve-cpu.
 
 Placeholder behaviour is checked in fresh interpreters (this test process has them
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_spec_ext.sglang import cpu_serving
-from sglang_spec_ext.sglang.cpu_placeholders import PLACEHOLDER_ROOTS
+from sglang_spec_ext.sglang.cpu import serving as cpu_serving
+from sglang_spec_ext.sglang.cpu.placeholders import PLACEHOLDER_ROOTS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,7 +86,7 @@ def test_placeholders_are_not_installed_unless_asked() -> None:
     """Importing the plugin (as every SGLang process does) installs nothing."""
     code = """
     import importlib, json, sys
-    import sglang_spec_ext.plugin, sglang_spec_ext.sglang.cpu_placeholders as cp
+    import sglang_spec_ext.plugin, sglang_spec_ext.sglang.cpu.placeholders as cp
     res = {"installed": cp.installed()}
     try:
         importlib.import_module("sgl_kernel")
@@ -120,7 +120,7 @@ def test_shadowed_sitecustomize_still_runs(tmp_path: Path) -> None:
     env = cpu_serving.cpu_serving_env(_plain_env())
     env["PYTHONPATH"] += os.pathsep + str(tmp_path)
     code = (
-        "import builtins, json, sys; import sglang_spec_ext.sglang.cpu_placeholders as cp; "
+        "import builtins, json, sys; import sglang_spec_ext.sglang.cpu.placeholders as cp; "
         "print(json.dumps([getattr(builtins, 'USER_SITE_RAN', False), cp.installed()]))"
     )
     assert _python(code, env) == [True, True]

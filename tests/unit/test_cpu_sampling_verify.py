@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_spec_ext.sglang.cpu_fallbacks import ops
-from sglang_spec_ext.sglang.cpu_fallbacks.sampling import (
+from sglang_spec_ext.sglang.cpu.fallbacks import ops
+from sglang_spec_ext.sglang.cpu.fallbacks.sampling import (
     TOP_K_ALL,
     top_k_renorm_prob,
     top_p_renorm_prob,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_spec_ext import demo_model
+from sglang_spec_ext.models import smollm2 as demo_model
 
 
 def _have_smollm2() -> bool:

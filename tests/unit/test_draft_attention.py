@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from sglang_spec_ext.sglang.cpu_fallbacks import ops
-from sglang_spec_ext.sglang.draft_attention import draft_decode_table
+from sglang_spec_ext.sglang.cpu.draft_attention import draft_decode_table
+from sglang_spec_ext.sglang.cpu.fallbacks import ops
 
 
 def table_reference(req_to_token, req_pool_indices, seq_lens, topk, num_steps):
@@ -75,7 +75,7 @@ def test_multi_step_backend_attends_prefix_and_own_branch(graph_safe):
     form the CPU graph emulation captures (fixed-width table, masked attention)."""
     from types import SimpleNamespace
 
-    from sglang_spec_ext.sglang.draft_attention import TorchNativeMultiStepDraftBackend
+    from sglang_spec_ext.sglang.cpu.draft_attention import TorchNativeMultiStepDraftBackend
 
     g = torch.Generator().manual_seed(0)
     heads, kv_heads, dim, slots = 4, 2, 8, 256

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_spec_ext.hybrid import (
-    MODEL,
-    SUFFIX,
-    Candidate,
+from sglang_spec_ext.hybrid.candidate import MODEL, SUFFIX, Candidate
+from sglang_spec_ext.hybrid.choice import (
     GainEstimator,
     HybridChooser,
     HybridState,
-    ShadowLedger,
     arctic_rule,
     chain_score,
     match_rule,
     max_depth,
 )
+from sglang_spec_ext.hybrid.ledger import ShadowLedger
 
 
 def _chain(source, tokens, score, match_len=0):

@@ -1,4 +1,4 @@
-"""HYBRID's record of committed tokens (sglang/hybrid_commits.py), step by step.
+"""HYBRID's record of committed tokens (sglang/workers/hybrid_commits.py), step by step.
 
 What reaches the suffix sessions must be every committed token in order, whether the
 request's ``output_ids`` is complete (no overlap) or one step behind (overlap), and a
@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_spec_ext.sglang.hybrid_commits import MAX_UNREAD, CommitLog, StepRows, read_packed
+from sglang_spec_ext.sglang.workers.hybrid_commits import (
+    MAX_UNREAD,
+    CommitLog,
+    StepRows,
+    read_packed,
+)
 
 
 def test_read_packed_returns_every_tensor_exactly():

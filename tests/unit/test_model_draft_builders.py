@@ -1,4 +1,4 @@
-"""Locally built drafts for model-draft speculation (sglang_spec_ext/testing_models.py):
+"""Locally built drafts for model-draft speculation (sglang_spec_ext/models/testing/llama.py):
 a truncated same-vocabulary draft and a random EAGLE3 head in the host's layout."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from sglang_spec_ext.testing_models import (
+from sglang_spec_ext.models.testing.llama import (
     build_eagle3_head,
     build_tiny_llama,
     build_truncated_draft,

@@ -27,7 +27,7 @@ def _load_script():
 def tiny(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
-    from sglang_spec_ext.testing_models import build_tiny_llama
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
 
     model_dir = build_tiny_llama(tmp_path_factory.mktemp("tiny") / "llama", seed=3, num_layers=2)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

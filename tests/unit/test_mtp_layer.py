@@ -1,4 +1,4 @@
-"""The torch MTP layer (sglang_spec_ext/mtp_layer.py): checkpoint names the host maps,
+"""The torch MTP layer (sglang_spec_ext/models/mtp_layer.py): checkpoint names the host maps,
 batched offline chains equal per-prefix decoding, and training improves it."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def tiny_mimo(tmp_path_factory):
-    from sglang_spec_ext.mtp_layer import load_mimo_checkpoint
-    from sglang_spec_ext.testing_mtp import build_tiny_mimo_mtp
+    from sglang_spec_ext.models.mtp_layer import load_mimo_checkpoint
+    from sglang_spec_ext.models.testing.mtp import build_tiny_mimo_mtp
 
     model_dir = build_tiny_mimo_mtp(tmp_path_factory.mktemp("mimo") / "m", seed=0, num_layers=2)
     return model_dir, *load_mimo_checkpoint(model_dir)
@@ -38,7 +38,7 @@ def _ids(n: int, vocab: int, seed: int) -> list[int]:
 def test_checkpoint_round_trip_uses_the_host_names(tiny_mimo):
     from safetensors.torch import load_file
 
-    from sglang_spec_ext.mtp_layer import MTP_PREFIX
+    from sglang_spec_ext.models.mtp_layer import MTP_PREFIX
 
     model_dir, _, mtp = tiny_mimo
     saved = {k: v for k, v in load_file(str(model_dir / "model.safetensors")).items()
@@ -53,7 +53,7 @@ def test_checkpoint_round_trip_uses_the_host_names(tiny_mimo):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_batched_chains_equal_per_prefix_decoding(tiny_mimo, k):
-    from sglang_spec_ext.mtp_layer import mtp_chains, naive_mtp_chains
+    from sglang_spec_ext.models.mtp_layer import mtp_chains, naive_mtp_chains
 
     _, target, mtp = tiny_mimo
     ids = _ids(28, target.config.vocab_size, seed=k)
@@ -70,7 +70,7 @@ def test_batched_chains_equal_per_prefix_decoding(tiny_mimo, k):
 
 
 def test_chain_start_must_leave_a_hidden_state(tiny_mimo):
-    from sglang_spec_ext.mtp_layer import mtp_chains
+    from sglang_spec_ext.models.mtp_layer import mtp_chains
 
     _, target, mtp = tiny_mimo
     with pytest.raises(ValueError, match="start"):
@@ -92,7 +92,7 @@ def test_position_zero_token_is_masked_like_the_host(tiny_mimo):
 def test_untied_target_needs_its_head():
     from transformers import Qwen2Config
 
-    from sglang_spec_ext.mtp_layer import MTPLayer
+    from sglang_spec_ext.models.mtp_layer import MTPLayer
 
     cfg = Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
@@ -105,8 +105,8 @@ def test_training_raises_step1_agreement_on_a_learnable_target():
     dozen steps take the layer's agreement with the target from chance to most."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from sglang_spec_ext.mtp_layer import for_target
-    from sglang_spec_ext.mtp_training import (
+    from sglang_spec_ext.models.mtp_layer import for_target
+    from sglang_spec_ext.models.mtp_training import (
         TrainConfig,
         extract_samples,
         step1_agreement,

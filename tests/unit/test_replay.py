@@ -189,8 +189,8 @@ def test_bad_width_rejected() -> None:
 
 
 def test_matches_the_shared_tree_module() -> None:
-    from sglang_spec_ext import tree as tree_mod
     from sglang_spec_ext.suffix import DraftTree
+    from sglang_spec_ext.verify import layout as tree_mod
 
     tree = DraftTree(
         tokens=[5, 6, 7, 8, 9, 10],

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("sglang_spec_ext.suffix")
 
-from sglang_spec_ext.hybrid import MODEL, SUFFIX, HybridState  # noqa: E402
+from sglang_spec_ext.hybrid.choice import MODEL, SUFFIX, HybridState  # noqa: E402
 from sglang_spec_ext.replay import DrafterOptions, make_drafter, replay  # noqa: E402
 from sglang_spec_ext.replay.hybrid import ORACLE, interleave, replay_hybrid  # noqa: E402
 from sglang_spec_ext.replay.trace import (  # noqa: E402

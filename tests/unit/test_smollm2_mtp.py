@@ -1,6 +1,6 @@
-"""SmolLM2 as a MiMo checkpoint (sglang_spec_ext/smollm2_mtp.py) and the make-model CLI:
+"""SmolLM2 as a MiMo checkpoint (sglang_spec_ext/models/smollm2_mtp.py) and the make-model CLI:
 identical logits, the MTP config fields the host reads, the training corpus
-(sglang_spec_ext/mtp_corpus.py), the CLI's names and refusals."""
+(sglang_spec_ext/models/mtp_corpus.py), the CLI's names and refusals."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_spec_ext import demo_model, make_model, mtp_corpus, smollm2_mtp
+from sglang_spec_ext.models import make_model, mtp_corpus, smollm2_mtp
+from sglang_spec_ext.models import smollm2 as demo_model
 from tests.unit.test_demo_model import needs_smollm2
 
 
@@ -18,7 +19,7 @@ def test_mimo_copy_of_smollm2_gives_identical_logits(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
 
-    from sglang_spec_ext.mtp_layer import MTP_PREFIX
+    from sglang_spec_ext.models.mtp_layer import MTP_PREFIX
 
     src = demo_model.ensure_smollm2_dir()
     mtp = {MTP_PREFIX + "input_proj.weight": torch.zeros(576, 1152)}
@@ -75,4 +76,4 @@ def test_make_model_names_and_refusals(tmp_path: Path, monkeypatch, capsys) -> N
 def test_make_model_is_a_cli_subcommand() -> None:
     from sglang_spec_ext import cli
 
-    assert cli.SUBCOMMANDS["make-model"][0] == "sglang_spec_ext.make_model"
+    assert cli.SUBCOMMANDS["make-model"][0] == "sglang_spec_ext.models.make_model"

@@ -1,4 +1,4 @@
-"""sglang_spec_ext/sglang/metrics.py without a server: the no-op path when metrics are
+"""sglang_spec_ext/sglang/serving/metrics.py without a server: the no-op path when metrics are
 off, the series and their values when on (a private prometheus registry), and the
 per-request record."""
 
@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sglang_spec_ext.config import PluginConfig
-from sglang_spec_ext.sglang import metrics as m
+from sglang_spec_ext.sglang.serving import metrics as m
 
 HOST_LABELS = {"model_name": "tiny", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0,
                "moe_ep_rank": 0}  # fmt: skip

@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from sglang_spec_ext.testing_models import build_tiny_llama
+from sglang_spec_ext.models.testing.llama import build_tiny_llama
 
 
 def _digest(path: Path) -> str:

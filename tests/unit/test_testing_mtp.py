@@ -1,4 +1,4 @@
-"""The tiny MiMo-shaped model with its MTP layer (sglang_spec_ext/testing_mtp.py), without the host."""
+"""The tiny MiMo-shaped model with its MTP layer (sglang_spec_ext/models/testing/mtp.py), without the host."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from sglang_spec_ext.testing_mtp import MTP_PREFIX, build_tiny_mimo_mtp
+from sglang_spec_ext.models.testing.mtp import MTP_PREFIX, build_tiny_mimo_mtp
 
 
 @pytest.fixture(scope="module")

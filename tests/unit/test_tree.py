@@ -1,4 +1,4 @@
-"""Draft tree -> host verify layout (sglang_spec_ext.tree)."""
+"""Draft tree -> host verify layout (sglang_spec_ext.verify.layout)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from sglang_spec_ext.suffix import DraftTree
-from sglang_spec_ext.tree import accepted_length, depths, pack_batch, retrieve_links, tree_mask
+from sglang_spec_ext.verify.layout import (
+    accepted_length,
+    depths,
+    pack_batch,
+    retrieve_links,
+    tree_mask,
+)
 
 
 def tree(tokens, parents) -> DraftTree:

@@ -1,4 +1,4 @@
-"""The verify-width memory estimate and its start-up refusal (sglang/verify_memory.py),
+"""The verify-width memory estimate and its start-up refusal (sglang/verify/memory_check.py),
 as pure functions of the sizes; the hook on the host is tests/host/test_verify_memory_check.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from sglang_spec_ext.sglang import verify_memory as vm
+from sglang_spec_ext.sglang.verify import memory_check as vm
 
 CTX, BS, W, VOCAB = 131072, 48, 64, 128256  # the issue's example, a Llama-3 vocabulary
 

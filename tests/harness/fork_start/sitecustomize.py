@@ -20,7 +20,7 @@ by descriptor) is pickled here before the fork and the start fails the same way.
 
 import os
 
-from sglang_spec_ext.sglang.cpu_site import run_next_sitecustomize
+from sglang_spec_ext.sglang.cpu.site import run_next_sitecustomize
 
 ENV = "SPEC_EXT_TEST_FORK_START"
 

@@ -27,7 +27,7 @@ TARGET = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_gen
 #: tree kernels, graph emulation): their reads count as the host's, not the plugin's.
 _STAND_INS = (
     "sglang_spec_ext.sglang.cpu_",
-    "sglang_spec_ext.sglang.draft_attention",
+    "sglang_spec_ext.sglang.cpu.draft_attention",
 )
 _METHODS = ("cpu", "tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__")
 

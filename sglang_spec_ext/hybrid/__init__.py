@@ -1,0 +1,1 @@
+"""HYBRID's choice between the suffix draft and a model draft (engine-agnostic)."""

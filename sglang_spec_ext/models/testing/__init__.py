@@ -1,0 +1,1 @@
+"""Tiny random-weight models and adapters the tests build (nothing is downloaded)."""

@@ -1,0 +1,144 @@
+"""Serve with SGLang's CPU engine on a machine without sgl-kernel's CPU build.
+
+``sglang-spec-ext serve-cpu -- <launch_server args>`` runs
+``python -m sglang.launch_server`` with:
+
+* ``SGLANG_USE_CPU_ENGINE=1``;
+* :data:`~sglang_spec_ext.sglang.cpu.site.SITE_DIR` first on ``PYTHONPATH``, whose
+  ``sitecustomize`` installs the placeholder modules of
+  :mod:`sglang_spec_ext.sglang.cpu.placeholders` in the server and every process it
+  spawns (the host imports ``sgl_kernel`` and ``torchvision`` although its CPU engine
+  does not call them; a placeholder raises if anything does);
+* the CPU defaults :data:`CPU_DEFAULTS` for each flag the arguments do not set.
+
+The plugin's pure-torch kernel fallbacks (installed by the plugin itself on the CPU
+engine) cover what speculative decoding needs from sgl-kernel. This module does not
+import SGLang; the test harness, the demo and ``bench --serve-cpu`` use its helpers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+#: Flags added unless the user's launch arguments set them (float32: fp16/bf16 KV on the
+#: CPU engine drifts from the reference; torch_native: the CPU engine's pure-torch backend).
+CPU_DEFAULTS: tuple[tuple[str, str], ...] = (
+    ("--device", "cpu"),
+    ("--attention-backend", "torch_native"),
+    ("--dtype", "float32"),
+)
+
+
+def placeholder_site_dir() -> Path:
+    """The directory whose ``sitecustomize`` installs the placeholders."""
+    from sglang_spec_ext.sglang.cpu.site import SITE_DIR
+
+    return SITE_DIR
+
+
+def _source_checkout_root() -> Path | None:
+    """The checkout holding ``sglang_spec_ext`` when running from source, else None."""
+    import sglang_spec_ext
+
+    root = Path(sglang_spec_ext.__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def cpu_serving_env(
+    base: Mapping[str, str] | None = None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """``base`` (default: this process's environment) set up for CPU serving.
+
+    Sets ``SGLANG_USE_CPU_ENGINE=1`` and puts the placeholder site directory (and the
+    directory holding ``sglang_spec_ext``, so a source checkout works uninstalled)
+    first on ``PYTHONPATH``; ``extra`` is applied last.
+    """
+    env = dict(os.environ if base is None else base)
+    env["SGLANG_USE_CPU_ENGINE"] = "1"
+    checkout = _source_checkout_root()
+    first = [str(placeholder_site_dir()), *([str(checkout)] if checkout else [])]
+    old = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in first]
+    env["PYTHONPATH"] = os.pathsep.join([*first, *old])
+    env.update(extra or {})
+    return env
+
+
+def _sets_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def with_cpu_defaults(args: Sequence[str]) -> list[str]:
+    """``args`` plus each :data:`CPU_DEFAULTS` flag they do not set themselves."""
+    out = list(args)
+    for flag, value in CPU_DEFAULTS:
+        if not _sets_flag(out, flag):
+            out += [flag, value]
+    return out
+
+
+def launch_command(args: Sequence[str], python: str | None = None) -> list[str]:
+    """The ``python -m sglang.launch_server`` command line for ``args`` on CPU."""
+    return [python or sys.executable, "-m", "sglang.launch_server", *with_cpu_defaults(args)]
+
+
+# -- the `serve-cpu` subcommand ---------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run `python -m sglang.launch_server` on SGLang's CPU engine without sgl-kernel's "
+        "CPU build: sets SGLANG_USE_CPU_ENGINE=1, installs placeholder modules for the "
+        "host's GPU-only imports (sgl_kernel, torchvision) that raise if called, and adds "
+        + ", ".join(f"{f} {v}" for f, v in CPU_DEFAULTS)
+        + " unless given. Example: sglang-spec-ext serve-cpu -- --model-path DIR "
+        "--max-total-tokens 8192 --speculative-algorithm SUFFIX"
+    )
+    parser.add_argument(
+        "--print-command",
+        action="store_true",
+        help="print the environment changes and the command instead of running it",
+    )
+    parser.add_argument(
+        "launch_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- LAUNCH_SERVER_ARGS",
+        help="arguments for sglang.launch_server, after `--`",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    launch_args = list(args.launch_args)
+    if launch_args[:1] == ["--"]:
+        launch_args = launch_args[1:]
+    if not _sets_flag(launch_args, "--model-path") and not _sets_flag(launch_args, "--model"):
+        print(
+            "serve-cpu: no --model-path among the launch_server arguments; usage: "
+            "sglang-spec-ext serve-cpu -- --model-path DIR [other launch_server args]",
+            file=sys.stderr,
+        )
+        return 2
+    cmd = launch_command(launch_args)
+    env = cpu_serving_env()
+    if args.print_command:
+        print(f"SGLANG_USE_CPU_ENGINE={env['SGLANG_USE_CPU_ENGINE']}")
+        print(f"PYTHONPATH={env['PYTHONPATH']}")
+        print(" ".join(cmd))
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(cmd[0], cmd, env)
+    return 0  # pragma: no cover - execve does not return
+
+
+#: The GPU default path on the CPU engine, by name: the switches that make the CPU
+#: engine run speculative decoding with overlap scheduling (``cpu/overlap.py``) and/or
+#: emulated graph runners (``cpu/graphs.py``), as a GPU server does by default. The soak
+#: harness (``--gpu-path``) and the test suite (``pytest --gpu-path``) use these names.
+GPU_PATH_ENV: dict[str, dict[str, str]] = {
+    "off": {},
+    "overlap": {"SGLANG_SPEC_EXT_CPU_OVERLAP": "1"},
+    "graphs": {"SGLANG_SPEC_EXT_CPU_GRAPHS": "1"},
+    "both": {"SGLANG_SPEC_EXT_CPU_OVERLAP": "1", "SGLANG_SPEC_EXT_CPU_GRAPHS": "1"},
+}

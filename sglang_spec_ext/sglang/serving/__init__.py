@@ -1,0 +1,1 @@
+"""Serving glue: spec class, server arguments, request guard, metrics, corpora, snapshots, LoRA."""

@@ -1,0 +1,104 @@
+"""The host-facing description of our algorithms: a ``CustomSpecAlgo`` subclass.
+
+SGLang dispatches on duck-typed ``is_*()`` / ``supports_*()`` predicates and a
+few more methods of its ``SpeculativeAlgorithm`` enum. The host's default
+``CustomSpecAlgo`` (0.5.23) lacks ``carries_draft_hidden_states``,
+``create_future_map``, ``need_topk`` and ``get_platform_worker_cls``, which the
+scheduler calls; this class supplies the whole interface.
+
+Our model-free drafters take the host's NGRAM route: ``is_ngram()`` is true so
+the scheduler relays the NGRAM payload between overlapped iterations, the CUDA
+graph runner builds NGRAM verify inputs, and no draft KV is reserved.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+if TYPE_CHECKING:
+    import torch
+
+
+class _PluginSpecAlgo(CustomSpecAlgo):
+    """What every algorithm of ours answers alike: the host's future map, no platform worker."""
+
+    def create_future_map(
+        self,
+        device: torch.device,
+        req_to_token_pool: Any,
+        needs_cpu_seq_lens: bool = True,
+        needs_confidence_relay: bool = False,
+    ) -> Any:
+        from sglang.srt.managers.overlap_utils import FutureMap
+
+        return FutureMap(
+            device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay
+        )
+
+    def get_platform_worker_cls(self) -> type | None:
+        # Our workers are the same on every platform the host's paths support.
+        return None
+
+
+class ModelFreeSpecAlgo(_PluginSpecAlgo):
+    """Spec class for drafters without a draft model (SUFFIX)."""
+
+    def is_ngram(self) -> bool:
+        return True
+
+    def has_draft_kv(self) -> bool:
+        return False
+
+    def supports_mixed_chunk(self) -> bool:
+        # Same reason as the host's NGRAM: the overlap relay skips output_tokens_buf.
+        return False
+
+    def need_topk(self) -> bool:
+        return False
+
+    def carries_draft_hidden_states(self) -> bool:
+        return False
+
+    def handle_server_args(self, server_args: Any) -> None:
+        from sglang_spec_ext.sglang.serving.server_args import handle_server_args
+
+        handle_server_args(self.name, server_args)
+
+
+class HybridSpecAlgo(_PluginSpecAlgo):
+    """Spec class for HYBRID: the host's model-draft route, answering as STANDALONE or
+    EAGLE/EAGLE3 according to the draft kind (``server_args.hybrid_kind``), so the
+    scheduler, memory sizing and model runners treat the draft model as the host does."""
+
+    def _kind(self) -> str:
+        from sglang_spec_ext.sglang.serving.server_args import hybrid_kind
+
+        return hybrid_kind()
+
+    def is_standalone(self) -> bool:
+        return self._kind() == "standalone"
+
+    def is_eagle(self) -> bool:
+        return self._kind() in ("eagle", "eagle3")
+
+    def is_eagle3(self) -> bool:
+        return self._kind() == "eagle3"
+
+    def supports_mixed_chunk(self) -> bool:
+        return False
+
+    def has_draft_kv(self) -> bool:
+        return True
+
+    def need_topk(self) -> bool:
+        return True
+
+    def carries_draft_hidden_states(self) -> bool:
+        return self.is_eagle()
+
+    def handle_server_args(self, server_args: Any) -> None:
+        from sglang_spec_ext.sglang.serving.server_args import handle_hybrid_server_args
+
+        handle_hybrid_server_args(self.name, server_args)

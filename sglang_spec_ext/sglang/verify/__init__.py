@@ -1,0 +1,1 @@
+"""Verify widths: per-width buffers and graphs, verify rows, memory checks and KV reserve."""

@@ -1,0 +1,154 @@
+"""SUFFIX with an adaptive verify width (``SGLANG_SPEC_EXT_ADAPTIVE=1``).
+
+Before each decode step the controller (``sglang_spec_ext.adaptive``) picks the
+number of draft nodes ``k`` for the batch size at hand; the step then verifies
+``k + 1`` tokens per request (``k = 0`` is plain decoding through the verify
+path). ``--speculative-num-draft-tokens`` is the largest width.
+
+How widths switch without touching the host (``width_switch.py``, shared with the
+fixed-width worker's narrow steps):
+
+* the host's NGRAM worker keeps preallocated draft buffers sized by
+  ``draft_token_num``; one set per width is built lazily with the host's own
+  ``_init_preallocated_tensors`` and swapped in before the step;
+* the step's result reports its width (``speculative_num_draft_tokens``), so
+  the scheduler's output processing and its metrics use the width really used;
+* under overlap scheduling the relayed accepted tokens are always at the
+  startup width, which is what the host's future map is sized for: decode
+  steps pad their relay, and prefill (extend) batches, whose relay the host
+  builds at ``draft_token_num``, always run at the startup width
+  (tests/host/test_overlap_relay.py drives this against the host's FutureMap).
+
+Feedback: the accepted drafts per request of a step are read at the next
+decode step (so no extra device sync); the step time fed to the cost model is
+the wall time between two consecutive decode steps of the same batch size,
+which is what bounds decode throughput. With ``--tp-size`` > 1 the first TP
+rank's choice is broadcast to the others (``tp_sync.TpSync``), so all ranks
+verify the same shape.
+
+The target's attention metadata follows the width (``verify/widths.py``):
+flashinfer, triton and torch_native read it from the verify input; a backend that
+sizes its verify metadata at start-up (FA3, the default on Hopper) gets one
+target attention backend per width, built at start-up by the host's factory and
+swapped into the target model runner before each step. With CUDA graphs on, the
+target's verify graph runner is captured at every width the controller can choose
+(:func:`verify_graph_widths`), each with its own attention backend, and swapped in
+with the width. Tested end to end on the CPU engine (with its graph emulation); the
+metadata of the real FA3, triton and flashinfer code at every width in
+tests/host/test_verify_attention_metadata.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
+from sglang_spec_ext.sglang.serving import metrics as spec_metrics
+from sglang_spec_ext.sglang.serving.server_args import plugin_config
+from sglang_spec_ext.sglang.verify.widths import VerifyWidthBackends
+from sglang_spec_ext.sglang.workers.suffix_worker import SuffixWorker
+
+logger = logging.getLogger("sglang_spec_ext")
+
+#: Decode steps between two INFO lines summarising the widths the controller used.
+LOG_EVERY_STEPS = 200
+
+
+def adaptive_config_for(max_width: int) -> AdaptiveConfig:
+    """The controller config from the plugin config, capped by the startup width."""
+    from sglang_spec_ext.config import adaptive_config
+
+    return adaptive_config(plugin_config(), max_k=max_width - 1)
+
+
+def verify_graph_widths(max_width: int) -> tuple[int, ...]:
+    """The verify widths the controller can choose (its candidate draft lengths + 1,
+    capped by the startup width): each gets its own target verify graphs."""
+    ks = adaptive_config_for(max_width).ks
+    return tuple(sorted({min(k + 1, max_width) for k in ks} | {max_width}))
+
+
+class AdaptiveSuffixWorker(SuffixWorker):
+    """``--speculative-algorithm SUFFIX`` with ``SGLANG_SPEC_EXT_ADAPTIVE=1``."""
+
+    NARROW_EMPTY_STEPS = False  # width 1 is on the controller's ladder, with its graphs
+    USES_DRAFT_GATE = False  # the controller chooses the width; width 1 is a plain step
+
+    def _init_drafter(self) -> None:
+        super()._init_drafter()
+        config = plugin_config()
+        if config.draft_gate and config.sources.get("draft_gate") != "default":
+            logger.warning(
+                "SGLANG_SPEC_EXT_DRAFT_GATE=1 is ignored with SGLANG_SPEC_EXT_ADAPTIVE=1: the "
+                "controller chooses the verify width (width 1 is a plain step)"
+            )
+        self.controller = AdaptiveController(adaptive_config_for(self.max_width))
+        self._pending: tuple | None = None  # (bs, k, accept_lens, rids, t_start)
+        self._widths_used: Counter[int] = Counter()
+
+    def init_cuda_graphs(self) -> None:
+        """After the target's graphs (the scheduler's order): a verify backend per width."""
+        super().init_cuda_graphs()
+        self._verify_backends = VerifyWidthBackends(self.model_runner, self.max_width)
+        # Graphs first: a width with graphs verifies on its graphs' backend, so prepare()
+        # then builds eager backends only for the widths without.
+        self._verify_backends.prepare_graphs(verify_graph_widths(self.max_width))
+        self._verify_backends.prepare(range(1, self.max_width + 1))
+
+    # -- the step ----------------------------------------------------------------
+    def forward_batch_generation(self, batch: Any, on_publish=None, pp_proxy_tensors=None):
+        if not batch.forward_mode.is_decode():
+            self._pending = None  # a prefill in between: no decode step time to measure
+            # The host's extend path relays accept_tokens at draft_token_num: that
+            # must be the startup width, which the host's future map is sized for
+            # (and which every relayed row stride assumes), not the last decode width.
+            self._use_width(self.max_width)
+            return super().forward_batch_generation(
+                batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors
+            )
+        now = time.perf_counter()
+        bs = len(batch.reqs)
+        rids = [req.rid for req in batch.reqs]
+        self._feed_back(now, bs)
+        width = self._choose_width(bs, rids)
+        self._use_width(width)
+        result = super().forward_batch_generation(
+            batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors
+        )
+        self._pending = (bs, width - 1, result.accept_lens, rids, now)
+        if width < self.max_width and result.next_draft_input is not None:
+            self._pad_relay(result.next_draft_input, bs, width)
+        self._widths_used[width] += 1
+        spec_metrics.on_adaptive_step("width", self.controller, bs, width, batch.reqs)
+        if sum(self._widths_used.values()) >= LOG_EVERY_STEPS:
+            logger.info(
+                "SUFFIX adaptive: verify widths used in the last %d decode steps: %s",
+                LOG_EVERY_STEPS,
+                dict(sorted(self._widths_used.items())),
+            )
+            self._widths_used.clear()
+        return result
+
+    def _choose_width(self, bs: int, rids: list[str]) -> int:
+        """The verify width of this decode step, the same on every TP rank."""
+        k = self.controller.choose_k(bs, rids)
+        width = max(1, min(k + 1, self.max_width))
+        if self._tp_sync is not None:
+            width = self._tp_sync.width(width)
+        return width
+
+    def _feed_back(self, now: float, bs: int) -> None:
+        if self._pending is None:
+            return
+        prev_bs, k, accept_lens, rids, t_start = self._pending
+        self._pending = None
+        accepted = [max(0, int(a) - 1) for a in accept_lens.tolist()]
+        step_time = now - t_start if prev_bs == bs else None
+        self.controller.on_verify(prev_bs, k, accepted, step_time, req_ids=rids)
+
+    def close_sessions(self, rids: list[str]) -> None:
+        super().close_sessions(rids)
+        self.controller.forget_requests(rids)

@@ -1,0 +1,1 @@
+"""Draft trees in the host's verify layout (engine-agnostic, numpy only)."""
