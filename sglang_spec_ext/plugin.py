@@ -60,27 +60,9 @@ def register() -> list[str]:
         logger.error("sglang-spec-ext is not registering: %s", e)
         raise
 
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang.srt.speculative.spec_registry import get_spec
+    from sglang_spec_ext.sglang.serving.registration import register_algorithms
 
-    from sglang_spec_ext.sglang.serving.server_args import validate_server_args
-    from sglang_spec_ext.sglang.serving.spec_class import HybridSpecAlgo, ModelFreeSpecAlgo
-
-    specs = {
-        "SUFFIX": (ModelFreeSpecAlgo, _worker_factory),
-        "HYBRID": (HybridSpecAlgo, _hybrid_worker_factory),
-    }
-    for name in ALGORITHMS:
-        if get_spec(name) is not None:
-            continue
-        spec_class, factory = specs[name]
-        SpeculativeAlgorithm.register(
-            name,
-            supports_overlap=True,
-            validate_server_args=validate_server_args,
-            spec_class=spec_class,
-        )(factory)
-
+    register_algorithms({"SUFFIX": _worker_factory, "HYBRID": _hybrid_worker_factory})
     install_runtime_hooks()
     if _host_runs_cpu_engine():
         from sglang_spec_ext.sglang.cpu.overlap import install_cpu_overlap
