@@ -1,12 +1,13 @@
 #!/usr/bin/env python
-"""Bytes and nodes per token of one SUFFIX global tree, for random and repetitive text.
+"""SUFFIX global tree: bytes and nodes per token (benchmarks/results/drafter_bytes_per_token.json).
 
-Feeds `--tokens` committed tokens through SuffixDrafter the way the SUFFIX worker does
-(requests of 1000 tokens: ``start_request``, ``extend_request``, ``finish_request``), with
-the global bound above the total so nothing is evicted, and reads the core's own count
-(``stats()["memory_bytes"]``, ``global_nodes``) and the process RSS before and after.
-Two texts: uniform random tokens (the most distinct suffixes) and stretches of a shared
-base text with edits (repetitive, as agent traces are). docs/operations.md quotes it.
+For random and repetitive text: feeds `--tokens` committed tokens through SuffixDrafter the
+way the SUFFIX worker does (requests of 1000 tokens: ``start_request``, ``extend_request``,
+``finish_request``), with the global bound above the total so nothing is evicted, and reads
+the core's own count (``stats()["memory_bytes"]``, ``global_nodes``) and the process RSS
+before and after. Two texts: uniform random tokens (the most distinct suffixes) and
+stretches of a shared base text with edits (repetitive, as agent traces are).
+docs/operations.md quotes it.
 
     python benchmarks/drafter_bytes_per_token.py            # 10**6 tokens each, ~1 min
 """

@@ -1,13 +1,13 @@
 #!/usr/bin/env python
-"""Long-run memory of the SUFFIX drafter: flat once the global bound is reached.
+"""Long-run memory of the SUFFIX drafter (benchmarks/results/drafter_memory.json and .png).
 
-Drives SuffixDrafter the way the SUFFIX worker does, for `--tokens` committed
-tokens: `--live` requests at a time, each ``start_request`` with a prompt,
-``extend_request`` with 1-3 tokens per decode step, one ``speculate_batch``
-per step, ``finish_request`` at the end, new requests replacing finished ones.
-Token streams repeat stretches of a shared base text with edits (agentic-like:
-the suffix trees see both repeats and new text). Sampled over the run: global
-tree tokens, ``stats()["memory_bytes"]`` and the process RSS.
+Flat once the global bound is reached. Drives SuffixDrafter the way the SUFFIX worker does,
+for `--tokens` committed tokens: `--live` requests at a time, each ``start_request`` with a
+prompt, ``extend_request`` with 1-3 tokens per decode step, one ``speculate_batch`` per
+step, ``finish_request`` at the end, new requests replacing finished ones. Token streams
+repeat stretches of a shared base text with edits (agentic-like: the suffix trees see both
+repeats and new text). Sampled over the run: global tree tokens, ``stats()["memory_bytes"]``
+and the process RSS.
 
     python benchmarks/drafter_memory.py                    # 10**6 tokens, ~1 min
     python benchmarks/drafter_memory.py --tokens 3000000 --bound 200000

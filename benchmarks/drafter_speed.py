@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Drafter cost and greedy acceptance: our suffix drafter vs ArcticInference.
+"""Drafter cost, acceptance: ours vs ArcticInference (benchmarks/results/drafter_speed.json).
 
 Every drafter replays the same token streams the way a server drives it:
 ``start`` with the prompt, then per decoding step ``speculate`` (same depth,

@@ -1,14 +1,14 @@
 #!/usr/bin/env python
-"""Accept length of SUFFIX on a docs-style trace with and without an external corpus.
+"""SUFFIX with and without an external corpus, served (benchmarks/results/external_corpus.json).
 
-Served on the SGLang CPU engine: SmolLM2-135M-Instruct (the embedded model), one
-SUFFIX server (width 16, greedy, one request at a time). The trace asks for the
-documentation of Python standard-library functions ("What does ``json.dumps`` do?
-Quote its documentation."); the corpus is those functions' docstrings as Python
-ships them (``inspect.getdoc``), loaded through the host's ``/add_external_corpus``
-endpoint as documents. Each request carries a cache salt of its own, so no request
-drafts from another's output: the only difference between the two passes is the
-corpus. Both passes must give identical outputs. Prints a table last and writes
+Accept length on a docs-style trace with and without the corpus. Served on the SGLang CPU
+engine: SmolLM2-135M-Instruct (the embedded model), one SUFFIX server (width 16, greedy, one
+request at a time). The trace asks for the documentation of Python standard-library
+functions ("What does ``json.dumps`` do? Quote its documentation."); the corpus is those
+functions' docstrings as Python ships them (``inspect.getdoc``), loaded through the host's
+``/add_external_corpus`` endpoint as documents. Each request carries a cache salt of its
+own, so no request drafts from another's output: the only difference between the two passes
+is the corpus. Both passes must give identical outputs. Prints a table last and writes
 ``benchmarks/results/external_corpus.json``.
 
     .venv/bin/python benchmarks/external_corpus.py [--max-new-tokens 96] [--functions 32]

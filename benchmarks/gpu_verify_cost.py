@@ -1,16 +1,17 @@
-"""Verify-step cost over a plain decode step on a GPU: the ``r`` of the SUFFIX draft gate.
+"""Verify cost over a plain step on a GPU (--out JSON; benchmarks/results/gpu_*_cost_h200.json).
 
-The draft gate (``sglang_spec_ext/suffix/gate.py``) verifies a SUFFIX step only where the
-batch's expected accepted draft tokens exceed ``bs * r``, ``r = t_verify(W) / t_plain - 1``.
-On the served path it measures ``r``; until then it assumes ``SGLANG_SPEC_EXT_DRAFT_GATE_COST``.
-This script measures ``r`` for a dense decoder's step on the GPU at hand, without SGLang
-(not installable on the lent GPU machines): an 8B-shaped Llama step (GQA attention over a
-KV cache of ``--context`` tokens per request with ``torch.nn.functional.scaled_dot_product_attention``,
-the four projection GEMMs, RMSNorm, the LM head), bf16, random weights, each
-(batch size, tokens per request) captured in one CUDA graph and replayed, as a server's
-decode and verify graphs are. What it leaves out: sampling, the verify tree mask (the
-step's tokens attend to each other unmasked: the same work), the scheduler. A proxy of the forward's cost shape, not a
-served measurement.
+The ``r`` of the SUFFIX draft gate. The draft gate (``sglang_spec_ext/suffix/gate.py``)
+verifies a SUFFIX step only where the batch's expected accepted draft tokens exceed
+``bs * r``, ``r = t_verify(W) / t_plain - 1``. On the served path it measures ``r``; until
+then it assumes ``SGLANG_SPEC_EXT_DRAFT_GATE_COST``. This script measures ``r`` for a dense
+decoder's step on the GPU at hand, without SGLang (not installable on the lent GPU
+machines): an 8B-shaped Llama step (GQA attention over a KV cache of ``--context`` tokens
+per request with ``torch.nn.functional.scaled_dot_product_attention``, the four projection
+GEMMs, RMSNorm, the LM head), bf16, random weights, each (batch size, tokens per request)
+captured in one CUDA graph and replayed, as a server's decode and verify graphs are. What it
+leaves out: sampling, the verify tree mask (the step's tokens attend to each other unmasked:
+the same work), the scheduler. A proxy of the forward's cost shape, not a served
+measurement.
 
     python benchmarks/gpu_verify_cost.py [--layers 32] [--context 2048] --out results.json
     python benchmarks/gpu_verify_cost.py --mtp --out results.json   # + MTP forward cost

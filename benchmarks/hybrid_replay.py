@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""HYBRID by exact offline replay: suffix draft or model draft, per request and step.
+"""HYBRID by exact offline replay (benchmarks/results/hybrid_replay[_mtp].json and .png).
 
-Reads the traces with recorded model-draft proposals (``benchmarks/traces/hybrid/``,
-written by ``benchmarks/model_drafts.py``) and replays every set (chat, code-edit,
-agentic, and ``mixed``: chat and code-edit requests alternating) at model draft
-length K in ``--ks`` (verify width K + 1, the host's width for a top-1 chain; the
-suffix draft gets the same K nodes) under each policy of ``sglang_spec_ext.hybrid.choice``:
+Suffix draft or model draft, per request and step. Reads the traces with recorded
+model-draft proposals (``benchmarks/traces/hybrid/``, written by
+``benchmarks/model_drafts.py``) and replays every set (chat, code-edit, agentic, and
+``mixed``: chat and code-edit requests alternating) at model draft length K in ``--ks``
+(verify width K + 1, the host's width for a top-1 chain; the suffix draft gets the same K
+nodes) under each policy of ``sglang_spec_ext.hybrid.choice``:
 
 * ``suffix``: SUFFIX alone; ``model``: the draft model alone;
 * ``arctic``: ArcticInference's rule (the suffix draft when its score >= K);

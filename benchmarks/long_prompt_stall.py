@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Worst per-step drafter time when a very long prompt joins a busy batch.
+"""Worst drafter step as a long prompt joins a batch (benchmarks/results/long_prompt_stall.json).
 
 Drives SuffixDrafter the way the SUFFIX worker does: each decode step, new
 requests ``start_request`` with their prompt, every running request

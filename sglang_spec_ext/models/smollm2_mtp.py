@@ -153,7 +153,7 @@ def ensure_smollm2_mtp(
     """SmolLM2 as MiMo with its trained MTP layer: trained once (tens of CPU minutes,
     with progress bars), then cached; concurrent callers wait on a file lock.
     ``force``: train again even if cached (``data``/``train``/``data_cache``: see
-    :func:`train_smollm2_mtp`; ``scripts/train_smollm2_mtp.py`` uses them)."""
+    :func:`train_smollm2_mtp`; ``benchmarks/train_smollm2_mtp.py`` uses them)."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache_dir / SMOLLM2_MTP_DIR_NAME
     if _is_complete(target) and not force:

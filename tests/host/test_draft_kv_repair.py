@@ -3,7 +3,7 @@ positions a request recomputes, when a skipped step marks it, and that a failing
 switches itself off instead of failing the decode step. The batches and requests are
 stand-ins with the fields the hooks read (the real ScheduleBatch of a decode step needs
 model runners); the real repair forward runs in tests/e2e/test_model_draft_adaptive_serving.py
-(HYBRID's server) and scripts/cold_recovery_smollm2.py."""
+(HYBRID's server) and benchmarks/cold_recovery_smollm2.py."""
 
 from __future__ import annotations
 

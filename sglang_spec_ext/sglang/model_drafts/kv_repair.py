@@ -5,7 +5,7 @@ still runs the draft model's extend after each one-token verify, to keep the dra
 cache warm for when the batch shrinks. ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``
 skips it, which makes zero steps plain decoding, but a request that later drafts again
 does so from zeroed top-k and a draft KV cache with holes ("cold recovery"; measured by
-``scripts/cold_recovery_smollm2.py``: a quarter of the accepted drafts lost).
+``benchmarks/cold_recovery_smollm2.py``: a quarter of the accepted drafts lost).
 
 ``SGLANG_SPEC_EXT_DRAFT_KV_REPAIR=1`` (STANDALONE drafts, and HYBRID with a STANDALONE
 draft) sets the host's skip flag and fills the holes when they matter:

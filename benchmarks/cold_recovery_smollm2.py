@@ -1,4 +1,6 @@
-"""What skipping the zero-step draft extend costs a request that later drafts again.
+"""Cold recovery after zero draft steps, served (benchmarks/results/cold_recovery_smollm2*.json).
+
+What skipping the zero-step draft extend costs a request that later drafts again.
 
 SGLang's ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1`` makes zero draft steps plain
 decoding, but a request that lives through such steps keeps no draft KV for the tokens
@@ -21,7 +23,7 @@ steps after B finished (its verify steps minus B's) and the tokens they committe
 A's accept length after the upshift; the servers' outputs must be identical (greedy).
 Measured here; accept lengths do not depend on the device.
 
-    .venv/bin/python scripts/cold_recovery_smollm2.py [--prompts 16] [--long 128] [--short 32]
+    .venv/bin/python benchmarks/cold_recovery_smollm2.py [--prompts 16] [--long 128] [--short 32]
         [--servers warm,skip,repair]
 """
 
@@ -38,7 +40,7 @@ from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from adaptive_smollm2 import shape  # noqa: E402
 from model_draft_smollm2 import run, serve  # noqa: E402

