@@ -19,8 +19,8 @@ from collections import Counter
 import pytest
 import requests
 
-from sglang_spec_ext.sglang.model_drafts.adaptive import STEPS_LOG_MARK
-from sglang_spec_ext.sglang.model_drafts.kv_repair import STATS_LOG_MARK as REPAIR_MARK
+from sglang_spec_ext.sglang.model_drafts.kv_repair_marks import STATS_LOG_MARK as REPAIR_MARK
+from sglang_spec_ext.sglang.model_drafts.step_policy import STEPS_LOG_MARK
 from sglang_spec_ext.sglang.serving.metrics import META_KEY, PREFIX
 from sglang_spec_ext.sglang.workers.hybrid_worker import STATS_LOG_MARK as HYBRID_MARK
 from sglang_spec_ext.sglang.workers.suffix_worker import STATS_LOG_MARK as SUFFIX_MARK

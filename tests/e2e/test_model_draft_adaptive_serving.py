@@ -15,8 +15,8 @@ import concurrent.futures as cf
 
 import pytest
 
-from sglang_spec_ext.sglang.model_drafts.adaptive import STEPS_LOG_MARK
-from sglang_spec_ext.sglang.model_drafts.kv_repair import STATS_LOG_MARK as REPAIR_MARK
+from sglang_spec_ext.sglang.model_drafts.kv_repair_marks import STATS_LOG_MARK as REPAIR_MARK
+from sglang_spec_ext.sglang.model_drafts.step_policy import STEPS_LOG_MARK
 from tests.e2e.spec_metrics import plain_step_counts
 from tests.e2e.test_standalone_serving import TOPK1, TOPK2, _cases, _greedy
 from tests.harness.server import ServerConfig

@@ -27,7 +27,7 @@ import pytest
 from sglang_spec_ext.sglang.cpu.graphs import CAPTURE_MESSAGE, REPLAY_MESSAGE
 from sglang_spec_ext.sglang.cpu.overlap import LOOP_MESSAGE
 from sglang_spec_ext.sglang.cpu.serving import GPU_PATH_ENV
-from sglang_spec_ext.sglang.model_drafts.adaptive import KIND_PRESETS
+from sglang_spec_ext.sglang.model_drafts.step_prior import KIND_PRESETS
 from sglang_spec_ext.sglang.workers.hybrid_worker import STATS_LOG_MARK
 from tests.e2e.spec_metrics import accept_length
 from tests.e2e.test_model_draft_adaptive_serving import ADAPTIVE_ENV, _steps_used

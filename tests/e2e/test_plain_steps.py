@@ -26,7 +26,7 @@ import concurrent.futures as cf
 import pytest
 
 from sglang_spec_ext.sglang.cpu.overlap import LOOP_MESSAGE
-from sglang_spec_ext.sglang.model_drafts.kv_repair import STATS_LOG_MARK as REPAIR_MARK
+from sglang_spec_ext.sglang.model_drafts.kv_repair_marks import STATS_LOG_MARK as REPAIR_MARK
 from tests.e2e.spec_metrics import plain_step_counts
 from tests.e2e.test_suffix_serving import PROMPTS
 from tests.harness.server import abort_mid_stream

@@ -1,4 +1,5 @@
-"""The draft-KV repair's bookkeeping (sglang/model_drafts/kv_repair.py) without a model: which
+"""The draft-KV repair's bookkeeping (sglang/model_drafts/kv_repair.py, kv_repair_marks.py,
+kv_repair_forward.py) without a model: which
 positions a request recomputes, when a skipped step marks it, and that a failing repair
 switches itself off instead of failing the decode step. The batches and requests are
 stand-ins with the fields the hooks read (the real ScheduleBatch of a decode step needs
@@ -16,12 +17,15 @@ import torch
 
 from sglang_spec_ext.sglang.model_drafts import adaptive as mda
 from sglang_spec_ext.sglang.model_drafts import kv_repair as dkr
+from sglang_spec_ext.sglang.model_drafts import kv_repair_forward as rebuild
+from sglang_spec_ext.sglang.model_drafts import kv_repair_marks as marks
+from sglang_spec_ext.sglang.model_drafts import step_policy
 from tests.host.test_model_draft_adaptive import StandInWorker
 
 
 @pytest.fixture(autouse=True)
 def fresh_stats(monkeypatch):
-    monkeypatch.setattr(dkr, "STATS", dkr.RepairStats())
+    monkeypatch.setattr(marks, "STATS", marks.RepairStats())
 
 
 def _req(prompt: int, output: int):
@@ -38,37 +42,41 @@ def _batch(reqs, seq_lens, cpu_lens=True):
 
 def test_rows_cover_the_unwritten_positions_within_the_budget():
     # marked at 40 with 50 positions: 40..49; unmarked: its last position only
-    assert dkr.plan_rows([40, None], [50, 30], [51, 31], 8192) == ([40, 29], [10, 1], [True, False])
+    assert marks.plan_rows([40, None], [50, 30], [51, 31], 8192) == (
+        [40, 29],
+        [10, 1],
+        [True, False],
+    )
     # two marked requests share a budget of 8: the last 4 positions each, marks cleared
-    assert dkr.plan_rows([10, 0], [50, 20], [51, 21], 8) == ([46, 16], [4, 4], [True, True])
+    assert marks.plan_rows([10, 0], [50, 20], [51, 21], 8) == ([46, 16], [4, 4], [True, True])
     # committed tokens not seen yet (overlap): last position only, the mark stays
-    assert dkr.plan_rows([10], [50], [49], 8192) == ([49], [1], [False])
+    assert marks.plan_rows([10], [50], [49], 8192) == ([49], [1], [False])
     # a mark at or past the last position still recomputes that one
-    assert dkr.plan_rows([60], [50], [51], 8192) == ([49], [1], [True])
+    assert marks.plan_rows([60], [50], [51], 8192) == ([49], [1], [True])
 
 
 def test_token_slices_cross_from_prompt_into_output():
     req = SimpleNamespace(origin_input_ids=[10, 11, 12], output_ids=[20, 21])
-    assert dkr.known_len(req) == 5
-    assert dkr.token_slice(req, 1, 4) == [11, 12, 20]
-    assert dkr.token_slice(req, 3, 5) == [20, 21] and dkr.token_slice(req, 0, 2) == [10, 11]
-    assert dkr.token_slice(req, 2, 3) == [12] and dkr.token_slice(req, 4, 4) == []
+    assert marks.known_len(req) == 5
+    assert marks.token_slice(req, 1, 4) == [11, 12, 20]
+    assert marks.token_slice(req, 3, 5) == [20, 21] and marks.token_slice(req, 0, 2) == [10, 11]
+    assert marks.token_slice(req, 2, 3) == [12] and marks.token_slice(req, 4, 4) == []
 
 
 def test_a_skipped_step_marks_each_request_once_never_late(monkeypatch):
     a, b = _req(30, 10), _req(5, 2)  # 40 and 7 tokens known to the scheduler
     worker = SimpleNamespace()  # the hook reads nothing of the worker
     dkr._mark_skipped(None, worker, _batch([a, b], [39, 6]))
-    assert (getattr(a, dkr.STALE_ATTR), getattr(b, dkr.STALE_ATTR)) == (39, 6)
+    assert (getattr(a, marks.STALE_ATTR), getattr(b, marks.STALE_ATTR)) == (39, 6)
     a.output_ids.append(0)
     dkr._mark_skipped(None, worker, _batch([a, b], [40, 7]))
-    assert getattr(a, dkr.STALE_ATTR) == 39  # the first unwritten position stays
+    assert getattr(a, marks.STALE_ATTR) == 39  # the first unwritten position stays
     # without CPU lengths (overlap), the mark backs off by one step's worth of tokens
     monkeypatch.setattr(dkr, "max_steps", lambda: 3)  # --speculative-num-steps 3
     c = _req(30, 10)
     dkr._mark_skipped(None, worker, _batch([c], [41], cpu_lens=False))
-    assert getattr(c, dkr.STALE_ATTR) == 39 - 4
-    assert dkr.STATS.marked_steps == 3
+    assert getattr(c, marks.STALE_ATTR) == 39 - 4
+    assert marks.STATS.marked_steps == 3
 
 
 def test_skipped_steps_count_what_the_next_repair_rebuilds():
@@ -77,18 +85,18 @@ def test_skipped_steps_count_what_the_next_repair_rebuilds():
     repair ran."""
     a, b = _req(30, 10), _req(5, 2)
     dkr._mark_skipped(None, None, _batch([a, b], [39, 6]))  # marks 39 and 6
-    assert (dkr.STATS.unwritten_tokens, dkr.STATS.unwritten_requests) == (1 + 1, 2)
+    assert (marks.STATS.unwritten_tokens, marks.STATS.unwritten_requests) == (1 + 1, 2)
     a.output_ids.extend([0] * 20)
     b.output_ids.extend([0] * 20)
     dkr._mark_skipped(None, None, _batch([a], [59]))  # b finished: only a counts
-    assert (dkr.STATS.unwritten_tokens, dkr.STATS.unwritten_requests) == (21, 1)
-    dkr.STATS.max_tokens = 16
+    assert (marks.STATS.unwritten_tokens, marks.STATS.unwritten_requests) == (21, 1)
+    marks.STATS.max_tokens = 16
     dkr._mark_skipped(None, None, _batch([a, b], [59, 26]))
-    assert dkr.STATS.unwritten_tokens == 16  # one forward rebuilds at most that many
+    assert marks.STATS.unwritten_tokens == 16  # one forward rebuilds at most that many
     # a drafting step of requests without marks (those finished): nothing left
     standalone = SimpleNamespace(speculative_algorithm=SimpleNamespace(is_standalone=lambda: True))
     dkr._repair_before_draft(standalone, _batch([_req(4, 4)], [8]))
-    assert (dkr.STATS.unwritten_tokens, dkr.STATS.unwritten_requests) == (0, 0)
+    assert (marks.STATS.unwritten_tokens, marks.STATS.unwritten_requests) == (0, 0)
 
 
 @pytest.mark.parametrize("stage", ["prepare", "forward"])
@@ -97,20 +105,22 @@ def test_a_failing_repair_is_logged_and_switches_off(monkeypatch, caplog, stage)
         raise RuntimeError("no extend metadata")
 
     if stage == "prepare":
-        monkeypatch.setattr(dkr, "_prepare_repair", boom)
+        monkeypatch.setattr(rebuild, "prepare_repair", boom)
     else:
-        monkeypatch.setattr(dkr, "_prepare_repair", lambda *_a: boom)
+        monkeypatch.setattr(rebuild, "prepare_repair", lambda *_a: boom)
     draft_worker = SimpleNamespace(
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: True)
     )
     req = _req(8, 4)
-    setattr(req, dkr.STALE_ATTR, 5)
+    setattr(req, marks.STALE_ATTR, 5)
     batch = _batch([req], [11])
     with caplog.at_level(logging.ERROR, logger="sglang_spec_ext"):
         assert dkr._repair_before_draft(draft_worker, batch) is None  # the step goes on
     assert "draft-KV repair failed; switched off" in caplog.text
-    assert (dkr.STATS.failures, dkr.STATS.enabled) == (1, False)
-    monkeypatch.setattr(dkr, "_prepare_repair", lambda *_a: pytest.fail("ran while switched off"))
+    assert (marks.STATS.failures, marks.STATS.enabled) == (1, False)
+    monkeypatch.setattr(
+        rebuild, "prepare_repair", lambda *_a: pytest.fail("ran while switched off")
+    )
     dkr._repair_before_draft(draft_worker, batch)
 
 
@@ -135,7 +145,7 @@ def test_a_step_with_a_repair_is_reported_as_one(monkeypatch):
     repair's size (it splits it between step and repair), not as a plain step time."""
     from tests.host.test_model_draft_adaptive import Clock, _policy
 
-    monkeypatch.setattr(mda, "REPAIR_STATS", dkr.STATS)
+    monkeypatch.setattr(step_policy, "REPAIR_STATS", marks.STATS)
     clock = Clock()
     policy = _policy(clock=clock)
     times, repairs = [], []
@@ -143,7 +153,7 @@ def test_a_step_with_a_repair_is_reported_as_one(monkeypatch):
     ctl.observe_step_time = lambda bs, k, dt: times.append((bs, k, dt))
     ctl.observe_repair_step = lambda bs, k, dt, n, r: repairs.append((bs, k, dt, n, r))
     k = policy.get_steps_for_batch(4)
-    dkr.STATS.repairs, dkr.STATS.requests, dkr.STATS.tokens = 1, 3, 120  # a repair ran
+    marks.STATS.repairs, marks.STATS.requests, marks.STATS.tokens = 1, 3, 120  # a repair ran
     clock.t = 0.016
     policy.get_steps_for_batch(4)
     assert times == [] and repairs == [(4, k, pytest.approx(0.016), 120, 3)]
@@ -153,7 +163,7 @@ def test_a_step_with_a_repair_is_reported_as_one(monkeypatch):
     # before each decision the controller learns what a repair would rebuild now
     noted = []
     ctl.note_unwritten = lambda tokens, reqs: noted.append((tokens, reqs))
-    dkr.STATS.unwritten_tokens, dkr.STATS.unwritten_requests = 300, 4
+    marks.STATS.unwritten_tokens, marks.STATS.unwritten_requests = 300, 4
     policy.get_steps_for_batch(4)
     assert noted == [(300, 4)]
 
@@ -177,7 +187,7 @@ def _logits_runner(seen: list[bool], bs: int, vocab: int = 8):
     said it was running."""
 
     def forward(_forward_batch, *_a, **_k):
-        seen.append(dkr.repairing())
+        seen.append(rebuild.repairing())
         logits = torch.zeros(bs, vocab)
         logits[:, 3] = float(len(seen))
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits))
@@ -195,13 +205,13 @@ def test_the_repair_forward_says_it_is_a_repair(monkeypatch):
         speculative_use_rejection_sampling=False))  # fmt: skip
     seen: list[bool] = []
     req = _req(8, 4)
-    setattr(req, dkr.STALE_ATTR, 5)
+    setattr(req, marks.STALE_ATTR, 5)
     batch = _batch([req], [12])
     batch.spec_info = SimpleNamespace(topk_p=torch.zeros(1, 1), topk_index=torch.zeros(1, 1, dtype=torch.int64))  # fmt: skip
     draft_worker = SimpleNamespace(topk=1, draft_runner=_logits_runner(seen, 1))
-    assert not dkr.repairing()
-    dkr._run_repair(draft_worker, batch, None, [5], [5], [7], [True])
-    assert seen == [True] and not dkr.repairing()
+    assert not rebuild.repairing()
+    rebuild._run_repair(draft_worker, batch, None, [5], [5], [7], [True])
+    assert seen == [True] and not rebuild.repairing()
     assert batch.spec_info.topk_index.tolist() == [[3]]  # the repair's own top-1
 
 
@@ -229,7 +239,7 @@ def test_hybrid_does_not_take_the_repair_forward_for_a_draft_step(monkeypatch):
         return "draft result"
 
     def draft(batch, with_topology=False):
-        with dkr._repair_forward():  # what _run_repair does inside the BEFORE hook
+        with rebuild._repair_forward():  # what _run_repair does inside the BEFORE hook
             draft_worker.draft_runner.forward(None)
         return draft_worker.draft_forward(None)
 

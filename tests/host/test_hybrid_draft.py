@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_spec_ext.sglang.model_drafts import kv_repair as dkr
+from sglang_spec_ext.sglang.model_drafts import kv_repair_forward as rebuild
 from sglang_spec_ext.sglang.workers.hybrid_draft import draft_without_model
 
 
@@ -33,7 +33,7 @@ def _worker():
 
     def draft(batch, with_topology=False):
         seen.append(worker.cuda_graph_runner)
-        with dkr._repair_forward():  # the repair's extend over 3 skipped tokens
+        with rebuild._repair_forward():  # the repair's extend over 3 skipped tokens
             worker.draft_runner.forward(SimpleNamespace(input_ids=torch.zeros(3)))
         for _ in range(2):  # draft steps of 2 requests
             fb = SimpleNamespace(

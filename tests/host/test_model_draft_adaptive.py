@@ -1,9 +1,10 @@
-"""The goodput controller as the host's adaptive policy (sglang/model_drafts/adaptive.py),
-driven through SGLang's real ``adaptive_runtime_state.AdaptiveController`` and its real
-``AdaptiveSpeculativeParams`` (the EMA policy). The worker is a stand-in: the real
-EAGLEWorkerV2 builds its runtime states from model runners and attention backends that
-need a GPU here; the stand-in records what the host's controller asks of it (the e2e
-test tests/e2e/test_model_draft_adaptive_serving.py runs the real worker on CPU)."""
+"""The goodput controller as the host's adaptive policy (sglang/model_drafts/adaptive.py,
+step_policy.py, step_prior.py), driven through SGLang's real
+``adaptive_runtime_state.AdaptiveController`` and its real ``AdaptiveSpeculativeParams``
+(the EMA policy). The worker is a stand-in: the real EAGLEWorkerV2 builds its runtime
+states from model runners and attention backends that need a GPU here; the stand-in
+records what the host's controller asks of it (the e2e test
+tests/e2e/test_model_draft_adaptive_serving.py runs the real worker on CPU)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
 from sglang_spec_ext.adaptive.chain import ChainAcceptance
 from sglang_spec_ext.adaptive.config import CHAIN_DEFAULTS
 from sglang_spec_ext.sglang.model_drafts import adaptive as mda
+from sglang_spec_ext.sglang.model_drafts import step_policy, step_prior
 
 
 class StandInWorker:
@@ -59,7 +61,7 @@ def _policy(max_steps=3, clock=None, **cfg):
         candidate_ks=tuple(range(max_steps + 1)), max_k=max_steps, cost_preset="llama3-8b-h100-eagle3",
         **{**CHAIN_DEFAULTS, **cfg},
     )  # fmt: skip
-    return mda.GoodputStepPolicy(AdaptiveController(config), clock=clock or Clock())
+    return step_policy.GoodputStepPolicy(AdaptiveController(config), clock=clock or Clock())
 
 
 def _wired(policy, steps=3):
@@ -129,14 +131,16 @@ def test_step_time_is_the_gap_between_decode_steps_of_one_batch_size():
 
 def test_the_chosen_steps_are_logged_per_batch_size_tier(caplog):
     clock = Clock()
-    policy = mda.GoodputStepPolicy(_policy().controller, clock=clock, log_interval_s=1.0)
+    policy = step_policy.GoodputStepPolicy(_policy().controller, clock=clock, log_interval_s=1.0)
     with caplog.at_level("INFO", logger="sglang_spec_ext"):
         for bs in (1, 1, 5, 70):
             policy.get_steps_for_batch(bs)
         clock.t = 2.0
         policy.get_steps_for_batch(1)
-    (line,) = [r.getMessage() for r in caplog.records if mda.STEPS_LOG_MARK in r.getMessage()]
-    counts = eval(line.split(mda.STEPS_LOG_MARK, 1)[1])  # noqa: S307 - our own dict literal
+    (line,) = [
+        r.getMessage() for r in caplog.records if step_policy.STEPS_LOG_MARK in r.getMessage()
+    ]
+    counts = eval(line.split(step_policy.STEPS_LOG_MARK, 1)[1])  # noqa: S307 - our own dict literal
     assert set(counts) == {1, 4, 64} and sum(counts[1].values()) == 3
 
 
@@ -174,12 +178,12 @@ def test_attach_gives_the_host_controller_our_policy_or_the_host_ema(monkeypatch
     monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
     worker = StandInWorker(steps=2)
     policy = mda.attach(worker)
-    assert isinstance(policy, mda.GoodputStepPolicy)
+    assert isinstance(policy, step_policy.GoodputStepPolicy)
     assert isinstance(worker.adaptive_controller, HostAdaptiveController)
     assert policy.candidate_steps == [0, 1, 2]
     assert policy.controller.config.draft_shape == "chain"
     assert policy.controller.config.cost_zero_step_draft == 1.0  # host default: warm draft KV
-    monkeypatch.setenv(mda.SKIP_ZERO_STEP_ENV, "1")
+    monkeypatch.setenv(step_prior.SKIP_ZERO_STEP_ENV, "1")
     assert mda.attach(StandInWorker(steps=2)).controller.config.cost_zero_step_draft == 0.0
     monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE_POLICY", "host-ema")
     worker = StandInWorker(steps=2)
@@ -207,18 +211,18 @@ def test_cost_prior_takes_the_served_model_sizes_unless_the_user_set_constants(m
 
     monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
     sizes = ModelSizes("cpu", 1.35e8, 5.4e8, 92160.0, 1.0e8, 4.0e8, 67584.0)
-    params = mda.controller_config("standalone", 3, None, sizes).cost_params()
+    params = step_prior.controller_config("standalone", 3, None, sizes).cost_params()
     assert params.weight_bytes == 5.4e8 and params.draft_weight_bytes == 4.0e8
     assert params.flops_per_token == 2.7e8 and params.fixed_s == CPU_DEVICE["fixed_s"]
-    monkeypatch.setenv(mda.SKIP_ZERO_STEP_ENV, "1")  # zero steps = plain decoding
-    fresh = AdaptiveController(mda.controller_config("standalone", 3, None, sizes))
+    monkeypatch.setenv(step_prior.SKIP_ZERO_STEP_ENV, "1")  # zero steps = plain decoding
+    fresh = AdaptiveController(step_prior.controller_config("standalone", 3, None, sizes))
     assert fresh.choose_k(1) == 0  # a draft step costs 1.7 plain steps there: not worth it
-    monkeypatch.delenv(mda.SKIP_ZERO_STEP_ENV)
+    monkeypatch.delenv(step_prior.SKIP_ZERO_STEP_ENV)
     monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE_COST_WEIGHT_BYTES", "1e9")
-    params = mda.controller_config("standalone", 3, None, sizes).cost_params()
+    params = step_prior.controller_config("standalone", 3, None, sizes).cost_params()
     assert params.weight_bytes == 1e9 and params.draft_weight_bytes == 2.47e9  # preset kept
     # a worker whose runners are not where the host keeps them: the preset, no failure
-    assert mda.model_sizes(StandInWorker()) is None
+    assert step_prior.model_sizes(StandInWorker()) is None
 
 
 def test_pinned_tiers_drive_the_host_controller(monkeypatch):
@@ -274,12 +278,12 @@ def test_an_mtp_draft_is_its_own_kind_with_the_mtp_prior(tmp_path, monkeypatch):
 
     mimo = get_config(str(build_tiny_mimo_mtp(tmp_path / "mimo", seed=0)), trust_remote_code=False)
     llama = get_config(str(build_tiny_llama(tmp_path / "llama", seed=0)), trust_remote_code=False)
-    assert mda.worker_kind(_mtp_stand_in(mimo, ["MiMoMTP"])) == "mtp"
-    assert mda.worker_kind(_mtp_stand_in(mimo, ["LlamaForCausalLMEagle"])) == "eagle"
-    assert mda.worker_kind(_mtp_stand_in(llama, ["LlamaForCausalLM"])) == "eagle"
-    assert mda.worker_kind(_mtp_stand_in(mimo, ["MiMoMTP"], "EAGLE3")) == "eagle3"
-    assert mda.worker_kind(StandInWorker()) == "eagle"  # no runners: as before
+    assert step_prior.worker_kind(_mtp_stand_in(mimo, ["MiMoMTP"])) == "mtp"
+    assert step_prior.worker_kind(_mtp_stand_in(mimo, ["LlamaForCausalLMEagle"])) == "eagle"
+    assert step_prior.worker_kind(_mtp_stand_in(llama, ["LlamaForCausalLM"])) == "eagle"
+    assert step_prior.worker_kind(_mtp_stand_in(mimo, ["MiMoMTP"], "EAGLE3")) == "eagle3"
+    assert step_prior.worker_kind(StandInWorker()) == "eagle"  # no runners: as before
     monkeypatch.setenv("SGLANG_SPEC_EXT_ADAPTIVE", "1")
-    cfg = mda.controller_config("mtp", 3)
+    cfg = step_prior.controller_config("mtp", 3)
     assert cfg.cost_preset == "llama3-8b-h100-mtp"
     assert cfg.cost_params().draft_weight_bytes == pytest.approx(1.554e9)

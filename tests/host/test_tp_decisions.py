@@ -288,9 +288,11 @@ def test_suffix_fault_on_either_rank_never_skips_the_broadcast(tmp_path):
 # -- the draft-KV repair: one rank cannot prepare it ----------------------------------
 def _repair_rank(rank: int, group) -> dict:
     from sglang_spec_ext.sglang.model_drafts import kv_repair as dkr
+    from sglang_spec_ext.sglang.model_drafts import kv_repair_forward as rebuild
+    from sglang_spec_ext.sglang.model_drafts import kv_repair_marks as marks
     from sglang_spec_ext.sglang.workers.tp_sync import TpSync
 
-    dkr.STATS = dkr.RepairStats()
+    marks.STATS = marks.RepairStats()
     dkr._SYNC[:] = [TpSync(group, src=0)]
     ran = []
 
@@ -299,18 +301,18 @@ def _repair_rank(rank: int, group) -> dict:
             raise RuntimeError("injected: rank 1 cannot build the extend batch")
         return lambda: ran.append(len(ran))
 
-    dkr._prepare_repair = prepare
+    rebuild.prepare_repair = prepare
     draft_worker = SimpleNamespace(
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: True)
     )
     batch = SimpleNamespace(
         forward_mode=SimpleNamespace(is_idle=lambda: False),
-        reqs=[SimpleNamespace(**{dkr.STALE_ATTR: 3})],
+        reqs=[SimpleNamespace(**{marks.STALE_ATTR: 3})],
     )
     enabled = []
     for _ in range(3):
         dkr._repair_before_draft(draft_worker, batch)
-        enabled.append(dkr.STATS.enabled)
+        enabled.append(marks.STATS.enabled)
     return {"ran": len(ran), "enabled": enabled}
 
 

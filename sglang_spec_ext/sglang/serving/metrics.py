@@ -216,7 +216,7 @@ def publish_hybrid(stats: dict[str, Any]) -> None:
 
 @_never_raises
 def publish_repairs(repair_stats: Any) -> None:
-    """The draft-KV repair line's counters (``draft_kv_repair.STATS``)."""
+    """The draft-KV repair line's counters (``model_drafts/kv_repair_marks.STATS``)."""
     if not METRICS.enabled:
         return
     for attr, suffix in _REPAIR_COUNTERS.items():
@@ -329,7 +329,7 @@ def _after_meta_info(result: Any, manager: Any, meta_info: dict, *_a: Any, **_k:
 
 def _after_verify(result: Any, worker: Any, batch: Any, *_a: Any, **_k: Any) -> None:
     """Model drafts under our step controller (``GoodputStepPolicy`` of
-    ``model_drafts/adaptive.py``, which marks itself): each request's draft step count."""
+    ``model_drafts/step_policy.py``, which marks itself): each request's draft step count."""
     policy = getattr(getattr(worker, "adaptive_controller", None), "params", None)
     if getattr(policy, "spec_ext_step_policy", False) is True and not batch.forward_mode.is_idle():
         note_requests(batch.reqs, "steps", int(worker.speculative_num_steps))

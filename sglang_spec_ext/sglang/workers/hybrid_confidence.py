@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sglang_spec_ext.sglang.model_drafts import kv_repair as draft_kv_repair
+from sglang_spec_ext.sglang.model_drafts import kv_repair_forward as draft_kv_repair
 
 logger = logging.getLogger("sglang_spec_ext")
 

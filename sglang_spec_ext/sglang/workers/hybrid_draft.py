@@ -18,7 +18,7 @@ import torch
 
 from sglang_spec_ext.hybrid.candidate import SUFFIX, Candidate
 from sglang_spec_ext.hybrid.choice import HybridChooser
-from sglang_spec_ext.sglang.model_drafts import kv_repair as draft_kv_repair
+from sglang_spec_ext.sglang.model_drafts import kv_repair_forward as draft_kv_repair
 from sglang_spec_ext.suffix.draft import DraftTree
 
 logger = logging.getLogger("sglang_spec_ext")
@@ -32,7 +32,7 @@ def draft_without_model(draft_worker: Any, draft_fn: Any, batch: Any) -> Any:
     verify runs over the committed tokens as always, and the multi-step draft's own KV
     slots are scratch, rewritten by the next draft. The graph runner is set aside for the
     call (a replay would run the model). A draft-KV repair that runs inside the host's
-    draft (``draft_kv_repair``, a BEFORE hook on it) still runs the model: it rebuilds KV
+    draft (``kv_repair.py``, a BEFORE hook on it) still runs the model: it rebuilds KV
     the next drafts need."""
     graphs, forward = draft_worker.cuda_graph_runner, draft_worker.draft_runner.forward
     width = max(int(draft_worker.topk), 2)  # any logits at least topk wide give a valid tree
