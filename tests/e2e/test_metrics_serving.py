@@ -23,7 +23,7 @@ from sglang_spec_ext.sglang.model_drafts.kv_repair_marks import STATS_LOG_MARK a
 from sglang_spec_ext.sglang.model_drafts.step_policy import STEPS_LOG_MARK
 from sglang_spec_ext.sglang.serving.metrics import META_KEY, PREFIX
 from sglang_spec_ext.sglang.workers.hybrid_worker import STATS_LOG_MARK as HYBRID_MARK
-from sglang_spec_ext.sglang.workers.suffix_worker import STATS_LOG_MARK as SUFFIX_MARK
+from sglang_spec_ext.sglang.workers.suffix_sessions import STATS_LOG_MARK as SUFFIX_MARK
 from tests.e2e.test_model_draft_adaptive_serving import ADAPTIVE_ENV, PINNED_ENV
 from tests.e2e.test_standalone_serving import TOPK1
 from tests.e2e.test_suffix_serving import CODE

@@ -29,7 +29,7 @@ import pytest
 import requests
 
 from sglang_spec_ext.sglang.cpu.overlap import ENV, LOOP_MESSAGE, TRACE_MESSAGE, parse_trace
-from sglang_spec_ext.sglang.workers.suffix_worker import STATS_LOG_MARK as DRAFTER_STATS
+from sglang_spec_ext.sglang.workers.suffix_sessions import STATS_LOG_MARK as DRAFTER_STATS
 from tests.e2e.spec_metrics import accept_length, plain_step_counts
 from tests.e2e.test_suffix_serving import CODE, PROMPTS
 

@@ -199,10 +199,10 @@ def test_a_malformed_draft_is_replaced_by_an_empty_one(worker):
 def test_drafter_stats_are_logged_as_json_for_the_soak_harness(worker, caplog, monkeypatch):
     import json
 
-    from sglang_spec_ext.sglang.workers import suffix_worker
+    from sglang_spec_ext.sglang.workers import suffix_sessions
     from sglang_spec_ext.soak.runner import DRAFTER_STATS_MARK
 
-    assert suffix_worker.STATS_LOG_MARK == DRAFTER_STATS_MARK
+    assert suffix_sessions.STATS_LOG_MARK == DRAFTER_STATS_MARK
     reqs = _reqs()
     _fail_for(worker.drafter, "start_request", "b", RuntimeError)
     with caplog.at_level(logging.INFO, logger="sglang_spec_ext"):

@@ -6,7 +6,9 @@ host's own model-draft path (``StandaloneWorkerV2`` for a plain causal LM draft,
 adds one thing between its draft and its verify: per request, the suffix drafter's
 draft replaces the model's draft when its expected accepted tokens are larger
 (``sglang_spec_ext/hybrid/choice.py``: scores of both sources mapped to accepted tokens by
-statistics learned from this server's own verify results).
+statistics learned from this server's own verify results). It steps in by wrapping
+the draft worker's ``draft`` and draft extends
+(:mod:`~sglang_spec_ext.sglang.workers.hybrid_draft_hooks`).
 
 How the replacement stays exact:
 
@@ -58,11 +60,8 @@ from sglang_spec_ext.sglang.serving.server_args import plugin_config
 from sglang_spec_ext.sglang.verify.rows import read_tree, write_trees
 from sglang_spec_ext.sglang.workers.hybrid_commits import CommitLog, StepRows, read_packed
 from sglang_spec_ext.sglang.workers.hybrid_confidence import FirstTokenProbs, ensure_tap
-from sglang_spec_ext.sglang.workers.hybrid_draft import (
-    draft_without_model,
-    suffix_candidate,
-    suffix_wins_everywhere,
-)
+from sglang_spec_ext.sglang.workers.hybrid_draft import suffix_candidate, suffix_wins_everywhere
+from sglang_spec_ext.sglang.workers.hybrid_draft_hooks import hook_draft_worker
 from sglang_spec_ext.sglang.workers.tp_sync import tp_sync
 from sglang_spec_ext.suffix.draft import DraftTree
 from sglang_spec_ext.verify.layout import tree_mask
@@ -105,64 +104,11 @@ class HybridMixin:
         # only (on TP ranks the draft forwards are collectives every rank must run)
         self._skip_model = config.hybrid_skip_model_draft and self._tp is None
         self._skipped_steps = 0
-        draft = self._draft_worker
         # the draft steps' confidence (hybrid_confidence.py): on the draft worker before
         # the host captures its draft graphs (it does so after this __init__; the capture
         # hook installs it first wherever a capture comes earlier)
-        self._tap = ensure_tap(draft)
-        runner_forward = draft.draft_runner.forward
-        draft_fn = draft.draft
-        extend_decode = draft._draft_extend_for_decode
-        extend_prefill = draft._draft_extend_for_prefill
-
-        def forward(forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
-            out = runner_forward(forward_batch, *args, **kwargs)
-            self._first.capture(out, selected=False)  # inside an eager draft extend only
-            return out
-
-        def draft_hybrid(batch: Any, *, with_topology: bool = False) -> Any:
-            if with_topology or batch.forward_mode.is_idle() or not batch.reqs:
-                return draft_fn(batch, with_topology=with_topology)
-            try:  # the suffix drafts first: the model need not draft where they win anyway
-                drafted: Any = self._suffix_drafts(batch)
-                skip = self._model_not_needed(batch, *drafted)
-            except Exception as exc:  # counted in _choose_and_splice: model drafts only
-                drafted, skip = exc, False
-            if skip:
-                try:  # the V2 draft writes slots reserved per request: a retry allocates nothing
-                    verify_input = draft_without_model(self._draft_worker, draft_fn, batch)
-                except Exception as exc:  # never again on this server; the model drafts
-                    self._skip_model = False
-                    self._hybrid_fault(exc)
-                else:
-                    self._choose_and_splice(batch, verify_input, drafted, skipped=True)
-                    return verify_input
-            verify_input = draft_fn(batch, with_topology=False)
-            self._choose_and_splice(batch, verify_input, drafted)
-            return verify_input
-
-        def extend_for_decode(batch: Any, batch_result: Any, **kwargs: Any) -> Any:
-            self._first.tap_graph_runner(getattr(draft, "cuda_graph_runner_for_draft_extend", None))
-            self._first.begin()
-            try:
-                return extend_decode(batch, batch_result, **kwargs)
-            finally:
-                rids = [r.rid for r in batch.reqs]
-                self._first.end(rids, batch_result.accept_lens, self._width)
-
-        def extend_for_prefill(batch: Any, *args: Any, **kwargs: Any) -> Any:
-            self._first.begin()
-            try:
-                return extend_prefill(batch, *args, **kwargs)
-            finally:
-                self._first.end([r.rid for r in batch.reqs], None, self._width)
-                if len(args) >= 2 and not batch.forward_mode.is_idle():
-                    self._commits.stash_prefill(batch.reqs, args[1])  # (hidden, next ids, ..)
-
-        draft.draft_runner.forward = forward
-        draft.draft = draft_hybrid
-        draft._draft_extend_for_decode = extend_for_decode
-        draft._draft_extend_for_prefill = extend_for_prefill
+        self._tap = ensure_tap(self._draft_worker)
+        hook_draft_worker(self)  # its draft and draft extends (hybrid_draft_hooks.py)
         logger.info(
             "HYBRID worker: %s draft, verify width %d, topk %d, steps %d, policy %s, suffix "
             "drafter backend %s",
