@@ -1,4 +1,4 @@
-"""Rate-limited WARNING lines for suffix-drafter faults (``suffix_worker.py``).
+"""Rate-limited WARNING lines for suffix-drafter faults (``suffix_sessions.py``).
 
 A drafter fault never stops serving (the request plain-decodes that step and its
 session restarts), but a fault that repeats must not flood the server log: each

@@ -1,10 +1,9 @@
 """HYBRID's model draft step without the model, and the suffix draft as a candidate.
 
-(Which host path runs the model draft is ``sglang/model_drafts/draft_kind.py``.)
-:func:`draft_without_model`
-runs the host's draft step with its draft forwards answered by a stub, for the steps
-where the suffix draft wins for every request whatever the model would draft
-(``hybrid_worker.py``).
+:func:`draft_without_model` runs the host's draft step with its draft forwards answered
+by a stub, for the steps where the suffix draft wins for every request whatever the model
+would draft (called from the draft-worker hooks, ``hybrid_draft_hooks.py``). Which host
+path runs the model draft is ``sglang/model_drafts/draft_kind.py``.
 """
 
 from __future__ import annotations

@@ -25,10 +25,7 @@ EVERY = 10
 TARGET = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
 #: Plugin modules that stand in for the host's GPU code on the CPU engine (attention,
 #: tree kernels, graph emulation): their reads count as the host's, not the plugin's.
-_STAND_INS = (
-    "sglang_spec_ext.sglang.cpu_",
-    "sglang_spec_ext.sglang.cpu.draft_attention",
-)
+_STAND_INS = ("sglang_spec_ext.sglang.cpu.",)
 _METHODS = ("cpu", "tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
 
