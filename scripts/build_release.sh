@@ -162,6 +162,10 @@ for name in wheels:
         print(f"[release]   in the wheel: {n - len(missing)} of the {n} {what}")
         if missing:
             problems.append(f"tracked package files missing from the wheel: {missing}")
+        known = set(tracked) | set(native)
+        untracked = [f for f in files if f.startswith("sglang_spec_ext/") and f not in known]
+        if untracked:
+            print(f"[release]   in the wheel but not tracked by git (a dirty tree?): {untracked}")
 for p in problems:
     print(f"[release] FAILED: {p}", file=sys.stderr)
 sys.exit(1 if problems else 0)
