@@ -10,8 +10,10 @@ this interpreter's site-packages after the venv's own, as a plain path (the dev 
 checks that ``sglang_spec_ext`` and its distribution resolve to the fresh venv.
 
 Nothing here names a module of the package: files are compared with ``git ls-files`` and the
-product is driven through its console script. One build per module (about 15 s on 2 cores;
-the whole module about 40 s), shared by the tests.
+product is driven through its console script. One build per module, shared by the tests
+(2 cores: the build 13-14 s, the module about 30 s alone; about 65 s in a fresh clone, whose
+first run installs the build venv from PyPI, or beside another test process). docs/release.md
+describes the build and this test.
 """
 
 from __future__ import annotations
@@ -84,8 +86,9 @@ def test_the_wheel_is_manylinux_with_the_native_core_and_every_tracked_package_f
     assert len(tracked) > 10 and any(n.endswith("sitecustomize.py") for n in tracked)
     missing = sorted(set(tracked) - set(names))
     assert not missing, f"tracked package files missing from {wheel.name}: {missing}"
-    # nothing but the package and its metadata (no tests/, benchmarks/, csrc/)
-    strays = [n for n in names if not n.startswith(("sglang_spec_ext/", "sglang_spec_ext-"))]
+    # nothing but the package, its metadata and auditwheel's grafted libraries (no tests/...)
+    ours = ("sglang_spec_ext/", "sglang_spec_ext-", "sglang_spec_ext.libs/")
+    strays = [n for n in names if not n.startswith(ours)]
     assert not strays, strays
     assert "native core: sglang_spec_ext/" in release["log"]
 
