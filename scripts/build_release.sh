@@ -10,7 +10,8 @@
 #      wheel, every file git tracks under sglang_spec_ext/ inside the wheel, no binary in
 #      the sdist. A failed check fails the script (setup.py never fails a build for want of
 #      the native core: a release must).
-# Env: PYTHON (the interpreter the wheel is for; default .venv/bin/python, else python3),
+# Env: PYTHON (the interpreter the wheel is for; default python3 of an active venv or conda
+#      environment, else .venv/bin/python, else python3),
 #      SPEC_EXT_DIST (output folder, default dist), SPEC_EXT_BUILD_VENV (default
 #      build/release-venv). The first run needs PyPI for the build venv; later runs do not.
 set -euo pipefail
@@ -18,7 +19,9 @@ cd "$(dirname "$0")/.."
 DIST=${SPEC_EXT_DIST:-dist}
 BVENV=${SPEC_EXT_BUILD_VENV:-build/release-venv}
 if [ -z "${PYTHON:-}" ]; then
-  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+  if [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ]; then PYTHON=python3  # the active environment
+  elif [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python
+  else PYTHON=python3; fi
 fi
 mkdir -p "$DIST"
 DIST=$(cd "$DIST" && pwd)
@@ -74,7 +77,7 @@ PY
 rm -f "$DIST"/sglang_spec_ext-"$version"{.tar.gz,-*.whl}
 raw=$(mktemp -d)
 trap 'rm -rf "$raw"' EXIT
-echo "[release] sdist, then the wheel from it (python -m build --no-isolation, $("$BPY" -V))"
+echo "[release] sdist, then the wheel from it, for $PYTHON ($("$BPY" -V)): python -m build"
 t0=$(date +%s)
 "$BPY" -m build --no-isolation --outdir "$raw" . >"$raw/build.log" 2>&1 || {
   cat "$raw/build.log" >&2
