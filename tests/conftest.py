@@ -58,6 +58,7 @@ COSTLIEST_FIRST = (
     "test_model_draft_adaptive_serving", "test_snapshot_restart", "test_mtp_serving",
     "test_standalone_serving",
     "test_hybrid_serving", "test_soak", "test_metrics_serving", "test_bench_tools",
+    "test_release_wheel",  # not e2e: builds the wheel and installs it, 0.5-1 minute
 )  # fmt: skip
 
 

@@ -10,7 +10,8 @@
   the plugin refuses fails the test. ``sglang-spec-ext serve-cpu -- ARGS`` is run with
   ``--print-command`` and its server arguments are resolved the same way;
   ``sglang-spec-ext doctor`` runs; the two set-up scripts are checked by ``bash -n``;
-  ``pip install sglang-spec-ext`` must name this project's distribution.
+  ``pip install`` must name this project's distribution or the wheel
+  ``scripts/build_release.sh`` writes (``dist/sglang_spec_ext-*.whl``).
 * Every figure of the "Headline results" table is recomputed from the JSON file its row
   links to.
 """
@@ -127,7 +128,9 @@ def test_every_readme_command_runs_as_printed(models, monkeypatch):
             assert done.returncode == 0, done.stdout + done.stderr
         elif words[:2] == ["pip", "install"]:
             name = re.search(r'^name = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
-            assert words[2:] == [name.group(1)]
+            # the distribution, or the wheel scripts/build_release.sh writes to dist/
+            wheel = f"dist/{name.group(1).replace('-', '_')}-*.whl"
+            assert words[2:] in ([name.group(1)], [wheel]), words
         elif words[0] == "bash":
             subprocess.run(["bash", "-n", str(ROOT / words[1])], check=True)
         else:
