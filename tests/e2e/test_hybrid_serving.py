@@ -121,3 +121,28 @@ def test_hybrid_with_an_eagle3_head_parity(tiny_baseline_server, eagle3_server, 
     text = eagle3_server.log_path.read_text(errors="replace")
     assert "HybridEagle3Worker" in text
     assert _stats(eagle3_server)["choice_faults"] == 0
+
+
+def test_hybrid_honours_per_request_caps(tiny_baseline_server, chain_server, tok):
+    """sampling_params.custom_params.spec_ext.max_draft_tokens under HYBRID: 0 verifies
+    no draft for that request (no draft token accepted) while its neighbours speculate,
+    a cap bounds the accepted drafts per step; greedy output stays plain serving's."""
+    ids = tok(", ".join(str(i) for i in range(40)))["input_ids"]
+    want = _greedy(tiny_baseline_server, ids)["output_ids"]
+    caps = [None, 0, 1, 0]
+
+    def run(cap):
+        extra = {} if cap is None else {"custom_params": {"spec_ext": {"max_draft_tokens": cap}}}
+        return chain_server.generate(
+            input_ids=ids, max_new_tokens=len(want), temperature=0, ignore_eos=True, **extra
+        )
+
+    with cf.ThreadPoolExecutor(len(caps)) as pool:
+        got = list(pool.map(run, caps))
+    for cap, out in zip(caps, got, strict=True):
+        meta = out["meta_info"]
+        assert out["output_ids"] == want, f"max_draft_tokens={cap} changed the output"
+        if cap is not None:
+            assert meta["spec_num_correct_drafts"] <= cap * meta["spec_verify_ct"], meta
+    print("\nHYBRID per-request caps", caps, [accept_length(o["meta_info"]) for o in got])
+    assert accept_length(got[0]["meta_info"]) > 1.0

@@ -158,3 +158,42 @@ def test_bad_config_value_stops_start_up(tiny_model_dir, start_server):
     with pytest.raises(ServerStartError) as err:
         start_server(tiny_model_dir, *SUFFIX_ARGS, env={"SGLANG_SPEC_EXT_MIN_TOKEN_PROB": "2"})
     assert "SGLANG_SPEC_EXT_MIN_TOKEN_PROB='2' is invalid" in str(err.value)
+
+
+def _spec_ext(cap: int) -> dict:
+    return {"custom_params": {"spec_ext": {"max_draft_tokens": cap}}}
+
+
+def test_a_request_can_switch_its_speculation_off_or_cap_it(servers, tok):
+    """Per-request control (sampling_params.custom_params.spec_ext.max_draft_tokens): sent
+    together with speculating neighbours on text this model repeats, the request with 0
+    commits exactly one token per verify step (no draft accepted), a capped one at most
+    cap + 1, and every output is plain serving's; a bad value is a 400 naming the field."""
+    base, spec = servers
+    ids = tok(", ".join(str(i) for i in range(40)))["input_ids"]  # "counting": repeats
+    want = _greedy(base, ids)["output_ids"]
+    caps = [None, 0, 2, None, 0]
+    with cf.ThreadPoolExecutor(len(caps)) as pool:
+        got = list(
+            pool.map(lambda c: _greedy(spec, ids, **(_spec_ext(c) if c is not None else {})), caps)
+        )
+    lengths = []
+    for cap, out in zip(caps, got, strict=True):
+        assert out["output_ids"] == want, f"max_draft_tokens={cap} changed the output"
+        meta = out["meta_info"]
+        lengths.append(accept_length(meta))
+        if cap == 0:
+            assert meta["spec_num_correct_drafts"] == 0, meta
+        elif cap is not None:
+            assert meta["spec_num_correct_drafts"] <= cap * meta["spec_verify_ct"], meta
+    print(f"\nper-request caps {caps}: accept lengths {[round(x, 2) for x in lengths]}")
+    assert min(lengths[0], lengths[3]) > 2, "the uncapped neighbours did not speculate"
+    capped = got[2]["meta_info"]  # the prefill's token is in completion_tokens, not a verify
+    assert lengths[2] <= 3.0 + 1.0 / capped["spec_verify_ct"] + 1e-9, capped
+    import requests
+
+    with pytest.raises(requests.HTTPError) as err:
+        _greedy(spec, ids, 4, **_spec_ext(-1))
+    assert err.value.response.status_code == 400
+    assert "custom_params.spec_ext.max_draft_tokens=-1" in err.value.response.text
+    assert spec.healthy()

@@ -16,7 +16,9 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 CASES = {"plain": {}, "repetition": {"repetition_penalty": 1.3},
          "frequency": {"frequency_penalty": 0.5}, "presence": {"presence_penalty": -0.5},
          "min_new": {"min_new_tokens": 4}, "neutral": {"repetition_penalty": 1.0,
-         "frequency_penalty": 0.0, "min_new_tokens": 0}}
+         "frequency_penalty": 0.0, "min_new_tokens": 0},
+         "spec_off": {"custom_params": {"spec_ext": {"max_draft_tokens": 0}}},
+         "spec_bad": {"custom_params": {"spec_ext": {"max_draft_tokens": -2}}}}
 res = {}
 for algo in ("SUFFIX", "NGRAM", None):
     fields = {"page_size": 1}
@@ -43,3 +45,13 @@ def test_penalizer_options_are_refused_only_under_our_algorithms():
     assert "repetition_penalty=1.3" in res["SUFFIX/repetition"]
     assert "min_new_tokens=4" in res["SUFFIX/min_new"]
     assert res["SUFFIX/plain"] == res["SUFFIX/neutral"] == "ok"
+
+
+def test_bad_per_request_speculation_settings_are_refused_under_our_algorithms():
+    res = snippet_result(SNIPPET)
+    assert res["SUFFIX/spec_off"] == "ok"
+    msg = res["SUFFIX/spec_bad"]
+    assert "sampling_params.custom_params.spec_ext.max_draft_tokens=-2" in msg, msg
+    assert "--speculative-algorithm SUFFIX" in msg
+    # other algorithms and plain serving do not read the setting: the host's behaviour
+    assert res["NGRAM/spec_bad"] == "ok" and res["None/spec_bad"] == "ok"

@@ -10,6 +10,9 @@ output is not what the target produces without speculation. Measured on the CPU
 server with the tiny test model and SUFFIX: repetition penalty 1.3 gave identical
 greedy output on 1 prompt of 4, frequency or presence penalty 0.8 on 0 of 4.
 
+The same hook refuses a bad per-request speculation setting
+(``custom_params["spec_ext"]``, ``request_options.py``) with a 400 naming the field.
+
 Our algorithms promise the target's output, so a request with such an option is
 refused at admission (a 400 answer naming the option) instead of served wrong. The
 check is a ``BEFORE`` hook on the host's ``SamplingParams.verify`` (which the
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+
+from sglang_spec_ext.sglang.serving.request_options import request_option_problems
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -59,13 +64,17 @@ def _our_algorithm() -> str | None:
 
 
 def verify_guard(params: Any, *args: Any, **kwargs: Any) -> None:
-    """BEFORE hook of ``SamplingParams.verify``: raise ``ValueError`` for unsupported options."""
+    """BEFORE hook of ``SamplingParams.verify``: raise ``ValueError`` for unsupported
+    options and for bad per-request speculation settings (``request_options.py``)."""
     bad = unsupported_options(params)
-    if not bad:
+    settings = request_option_problems(getattr(params, "custom_params", None))
+    if not bad and not settings:
         return None
     algorithm = _our_algorithm()
     if algorithm is None:
         return None
+    if settings:
+        raise ValueError(f"--speculative-algorithm {algorithm}: " + "; ".join(settings))
     raise ValueError(
         f"{', '.join(bad)} is not supported with --speculative-algorithm {algorithm}: "
         "SGLang applies penalties once per speculative verify step, so the output would "

@@ -56,6 +56,7 @@ import torch
 from sglang_spec_ext.hybrid.candidate import MODEL, SUFFIX, Candidate
 from sglang_spec_ext.hybrid.choice import HybridState, chain_score
 from sglang_spec_ext.sglang.serving import metrics as spec_metrics
+from sglang_spec_ext.sglang.serving.request_options import cap_tree, max_draft_tokens
 from sglang_spec_ext.sglang.serving.server_args import plugin_config
 from sglang_spec_ext.sglang.verify.rows import read_tree, write_trees
 from sglang_spec_ext.sglang.workers.hybrid_commits import CommitLog, StepRows, read_packed
@@ -173,7 +174,10 @@ class HybridMixin:
         self._starts = committed
         live = [r for r in rids if r is not None and r in self._suffix.drafter]
         trees = iter(self._suffix._speculate(live, width - 1))
-        drafts = [next(trees) if r is not None and r in live else None for r in rids]
+        drafts = [
+            cap_tree(next(trees), max_draft_tokens(req)) if r is not None and r in live else None
+            for r, req in zip(rids, batch.reqs, strict=True)
+        ]
         return drafts, committed
 
     def _model_not_needed(self, batch: Any, drafts: list, committed: list[int]) -> bool:
@@ -261,7 +265,10 @@ class HybridMixin:
             p = [self._first.get(req.rid), *step_probs[b].tolist()]
             model = Candidate(MODEL, m_tokens, m_parents, chain_score(p[: len(m_tokens)]))
             suffix = suffix_candidate(tree)
-            if self.hybrid.choose(req.rid, committed[b], suffix, model) != SUFFIX:
+            cap = max_draft_tokens(req)
+            if cap is not None and len(m_tokens) > cap:  # the request's cap: its cut suffix draft
+                self.hybrid.take_suffix(req.rid, committed[b], suffix)
+            elif self.hybrid.choose(req.rid, committed[b], suffix, model) != SUFFIX:
                 continue
             flags[b] = 1
             tokens[b, 0] = host_tokens[b][0]  # the root: the last committed token

@@ -36,6 +36,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from sglang_spec_ext.sglang.serving.external_corpus import CorpusStore
+from sglang_spec_ext.sglang.serving.request_options import cap_tree, max_draft_tokens
 from sglang_spec_ext.sglang.serving.server_args import plugin_config
 from sglang_spec_ext.sglang.verify.width_switch import WidthSwitchMixin
 from sglang_spec_ext.sglang.verify.widths import VerifyWidthBackends
@@ -295,7 +296,10 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
         ok = [good and rid in self.drafter for rid, good in zip(rids, ok, strict=True)]
         trees = self._speculate([r for r, good in zip(rids, ok, strict=True) if good], width - 1)
         it = iter(trees)
-        trees = [next(it) if good else DraftTree() for good in ok]
+        trees = [
+            cap_tree(next(it), max_draft_tokens(req)) if good else DraftTree()
+            for good, req in zip(ok, batch.reqs, strict=True)
+        ]
         if self._gate is not None and not self._gate.decide(rids, trees):
             trees = [DraftTree() for _ in trees]  # weak drafts: a plain step pays more
         self._step_empty = not any(len(tree.parents) for tree in trees)
