@@ -264,14 +264,13 @@ def main(argv: list[str] | None = None) -> int:
             _fake_dist_info(args.placeholder)
     if args.fake_cuda:
         fake_cuda()
-    import torch
-
     t0 = time.perf_counter()
     results = check(args.modules or CUDA_PATH_MODULES)
+    torch = sys.modules.get("torch")
     report = {
         "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "cuda_reported": torch.cuda.is_available(),
+        "torch": getattr(torch, "__version__", None),
+        "cuda_reported": bool(torch and torch.cuda.is_available()),
         "cuda_faked": args.fake_cuda,
         "placeholders": args.placeholder,
         "seconds": round(time.perf_counter() - t0, 2),

@@ -124,11 +124,35 @@ def finish_plugin_build(layout: Layout, proc: subprocess.Popen, timeout_s: float
             "exit": code, "log_tail": log.read_text(errors="replace")[-1500:]}  # fmt: skip
         if code == 0:
             break
-    libs = glob.glob(str(layout.plugin_site / "**" / "_native*.so"), recursive=True)
-    report.update(ok=code == 0, native_core=bool(libs), seconds=round(time.monotonic() - t0, 1))
     if code != 0:
-        raise RuntimeError(f"plugin install failed: {report}")
+        report["source_fallback"] = source_install(layout)
+    libs = glob.glob(str(layout.plugin_site / "**" / "_native*.so"), recursive=True)
+    report.update(ok=True, installed_by="pip" if code == 0 else "source tree + entry point",
+                  native_core=bool(libs), seconds=round(time.monotonic() - t0, 1))  # fmt: skip
     return report
+
+
+def source_install(layout: Layout) -> dict[str, Any]:
+    """Last resort when pip cannot build the plugin: the source tree on PYTHONPATH (pure
+    Python drafter) and a dist-info whose entry points are pyproject's, so the host's
+    ``load_plugins`` finds it."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    shutil.rmtree(layout.plugin_site, ignore_errors=True)
+    info = (
+        layout.plugin_site / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    )
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+    )
+    lines = []
+    for group, eps in project.get("entry-points", {}).items():
+        lines += [f"[{group}]", *(f"{k} = {v}" for k, v in eps.items()), ""]
+    (info / "entry_points.txt").write_text("\n".join(lines))
+    (layout.plugin_site / "SOURCE_TREE").write_text(str(REPO))
+    return {"entry_points": project.get("entry-points", {}), "source": str(REPO)}
 
 
 def kernel_probe_code() -> str:
@@ -159,6 +183,8 @@ def pythonpath(layout: Layout, spec: ServerSpec | None, kernel: str, dry: bool) 
         )
         if spec is None or spec.plugin:
             path.append(str(layout.plugin_site))
+            if (layout.plugin_site / "SOURCE_TREE").is_file():
+                path.append(str(REPO))
     path.append(str(SHIMS / "common"))
     return path
 

@@ -48,8 +48,38 @@ def _run_next_sitecustomize() -> None:
             return
 
 
-def _install() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+_HOOKS_MODULE = "sglang.srt.plugins.hook_registry"
+
+
+class _WhenImported:
+    """Installs the probe right after the host imports its hook registry (which happens
+    before its plugins load and the hooks are applied), so this sitecustomize imports
+    nothing of SGLang itself."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _HOOKS_MODULE:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        original = spec.loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            try:
+                _install(module)
+            except Exception as exc:  # noqa: BLE001 - a probe must never stop a server
+                print(f"gpu kit probe not installed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _install(hooks) -> None:  # noqa: N806
+    HookRegistry, HookType = hooks.HookRegistry, hooks.HookType  # noqa: N806
 
     state = {"depth": 0, "fwd": 0.0, "fwd_cpu": 0.0, "fwd_depth": 0, "steps": 0,
              "label": "off", "mtime": 0.0, "sync_on": False, "in_step": False}  # fmt: skip
@@ -154,8 +184,5 @@ def _install() -> None:
 
 
 if _OUT:
-    try:
-        _install()
-    except Exception as exc:  # noqa: BLE001 - a probe must never stop a server
-        print(f"gpu kit probe not installed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    sys.meta_path.insert(0, _WhenImported())
 _run_next_sitecustomize()
