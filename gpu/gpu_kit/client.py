@@ -1,8 +1,8 @@
 """HTTP to a server started with ``--skip-tokenizer-init``: token ids in, token ids out.
 
 ``generate_many`` sends a batch of greedy requests at once (the server batches them);
-``step_times`` streams a batch and reads the decode step time off the arrival times of
-the stream's chunks while every request of the batch is decoding."""
+``step_times`` streams a batch and reads the decode speed off the tokens that arrive
+while every request of the batch is decoding."""
 
 from __future__ import annotations
 
@@ -67,12 +67,16 @@ def _stream(url: str, input_ids: Sequence[int], max_new_tokens: int, t0: float) 
 
 
 def step_times(url: str, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> dict[str, Any]:
-    """Decode step time of a batch of ``len(prompts)`` streamed requests.
+    """Decode speed of a batch of ``len(prompts)`` streamed requests.
 
     The steady window runs from the moment the last request got its first chunk (all are
-    decoding) to the moment the first one finished; each stream's chunk intervals inside
-    it are that stream's step times (one chunk per decode step). Returns the median over
-    streams of their median interval, the spread, and the tokens per chunk seen."""
+    decoding) to the moment the first one finished. Per stream, the tokens of its chunks
+    after its first chunk in the window over the time between its first and last chunk
+    in it give its tokens per second; the host may pack several decode steps into one
+    chunk when the client falls behind, so tokens, not chunks, are counted. Returns the
+    median over streams as ``ms_per_token`` (the decode step time where every step
+    commits one token per request: plain decoding, ``SGLANG_SIMULATE_ACC_LEN=1``) and
+    ``tok_s`` for the whole batch, with the spread and the tokens per chunk seen."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(len(prompts)) as ex:
         streams = list(ex.map(lambda p: _stream(url, p, max_new_tokens, t0), prompts))
@@ -80,22 +84,26 @@ def step_times(url: str, prompts: Sequence[Sequence[int]], max_new_tokens: int) 
         raise RuntimeError(f"streams too short: {[len(s['times']) for s in streams]}")
     start = max(s["times"][0] for s in streams)
     end = min(s["times"][-1] for s in streams)
-    medians, counts, per_chunk = [], [], []
+    rates, counted, per_chunk = [], 0, []
     for s in streams:
-        inside = [t for t in s["times"] if start <= t <= end]
-        gaps = [b - a for a, b in zip(inside, inside[1:], strict=False)]
-        if len(gaps) >= 2:
-            medians.append(statistics.median(gaps))
-            counts.append(len(gaps))
-        per_chunk += [n for t, n in zip(s["times"], s["tokens"], strict=True) if start <= t <= end]
-    if not medians:
+        inside = [(t, n) for t, n in zip(s["times"], s["tokens"], strict=True) if start <= t <= end]
+        if len(inside) < 3 or inside[-1][0] <= inside[0][0]:
+            continue
+        tokens = sum(n for _, n in inside[1:])
+        rates.append(tokens / (inside[-1][0] - inside[0][0]))
+        counted += tokens
+        per_chunk += [n for _, n in inside]
+    if not rates:
         raise RuntimeError("no steady window: every request finished before the last started")
+    rate = statistics.median(rates)
     return {
-        "step_ms": round(1000 * statistics.median(medians), 3),
-        "step_ms_min": round(1000 * min(medians), 3),
-        "step_ms_max": round(1000 * max(medians), 3),
-        "intervals": sum(counts),
-        "tokens_per_chunk": round(statistics.mean(per_chunk), 3) if per_chunk else None,
+        "ms_per_token": round(1000 / rate, 3),
+        "ms_per_token_min": round(1000 / max(rates), 3),
+        "ms_per_token_max": round(1000 / min(rates), 3),
+        "tok_s": round(rate * len(prompts), 1),
+        "tokens_counted": counted,
+        "streams_counted": len(rates),
+        "tokens_per_chunk": round(statistics.mean(per_chunk), 3),
         "wall_s": round(time.perf_counter() - t0, 2),
         "batch": len(prompts),
     }

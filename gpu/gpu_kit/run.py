@@ -40,7 +40,7 @@ from gpu_kit.servers import Pool, Server, ServerSpec
 #: Sizes of the lent-GPU run (each can be overridden: ``--set KEY=JSON``).
 GPU_PARAMS: dict[str, Any] = {
     "parity_geometry": "llama3-1b", "parity_widths": [4, 8, 16], "parity_prompts": 8,
-    "parity_prompt_len": 256, "parity_new_tokens": 128,
+    "parity_prompt_len": 256, "parity_new_tokens": 128, "parity_deterministic": False,
     "timing_geometry": "llama3-1b", "timing_dtype": "bfloat16",
     "curve_widths": [2, 4, 8, 16], "curve_batches": [1, 4, 16, 64],
     "curve_prompt_len": 512, "curve_new_tokens": 64,
@@ -143,7 +143,7 @@ class Kit:
     def spec(
         self, label: str, geometry: str, dtype: str, *, algo: str | None = None,
         width: int | None = None, adaptive: bool = False, env: dict[str, str] | None = None,
-        probe: bool = False, gpu_path: bool = False,
+        probe: bool = False, gpu_path: bool = False, extra: tuple[str, ...] = (),
     ) -> ServerSpec:  # fmt: skip
         p = self.p
         args = ["--model-path", str(self.layout.models / geometry), "--load-format", "dummy",
@@ -163,16 +163,17 @@ class Kit:
                      "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(width)]  # fmt: skip
         elif algo:
             args += ["--speculative-algorithm", algo, "--speculative-num-draft-tokens", str(width)]
-        extra = dict(env or {})
+        args += list(extra)
+        senv = dict(env or {})
         if adaptive:
-            extra["SGLANG_SPEC_EXT_ADAPTIVE"] = "1"
+            senv["SGLANG_SPEC_EXT_ADAPTIVE"] = "1"
         if probe:
-            extra["GPU_KIT_PROBE_OUT"] = str(self.probe_out(label))
-            extra["GPU_KIT_PROBE_CTL"] = str(self.probe_out(label).with_suffix(".ctl"))
+            senv["GPU_KIT_PROBE_OUT"] = str(self.probe_out(label))
+            senv["GPU_KIT_PROBE_CTL"] = str(self.probe_out(label).with_suffix(".ctl"))
         if self.dry and gpu_path:
-            extra |= {"SGLANG_SPEC_EXT_CPU_OVERLAP": "1", "SGLANG_SPEC_EXT_CPU_GRAPHS": "1"}
+            senv |= {"SGLANG_SPEC_EXT_CPU_OVERLAP": "1", "SGLANG_SPEC_EXT_CPU_GRAPHS": "1"}
         plugin = algo in ("SUFFIX", "HYBRID")
-        return ServerSpec(label, tuple(args), tuple(sorted(extra.items())), plugin)
+        return ServerSpec(label, tuple(args), tuple(sorted(senv.items())), plugin)
 
     def server_env(self, spec: ServerSpec | None) -> dict[str, str]:
         env = dict(os.environ)

@@ -4,7 +4,8 @@ Accepts launch_server's arguments, answers ``/health`` and ``/generate`` with to
 (``--skip-tokenizer-init`` style, streamed or not) computed from the prompt, the same for
 every algorithm, so parity holds unless told otherwise. Test hooks (environment):
 ``FAKE_SERVER_EXIT_ALGO=NAME`` exits at start for that ``--speculative-algorithm``;
-``FAKE_SERVER_DIFFER_ALGO=NAME`` changes its output from the sixth token on. With
+``FAKE_SERVER_DIFFER_ALGO=NAME`` changes its output from the sixth token on. A speculative
+server commits 2 tokens a step, or ``SGLANG_SIMULATE_ACC_LEN`` of them. With
 ``GPU_KIT_PROBE_OUT`` set it writes probe figures as gpu/probe_site does.
 """
 
@@ -83,7 +84,8 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         n = body["sampling_params"]["max_new_tokens"]
         ids = outputs(body["input_ids"], n)
-        per_step = 2 if ALGO else 1
+        sim = float(os.environ.get("SGLANG_SIMULATE_ACC_LEN", "-1"))
+        per_step = (int(sim) if sim >= 1 else 2) if ALGO else 1
         probe_steps(1, (n + per_step - 1) // per_step)
         meta = {"completion_tokens": n}
         if ALGO:

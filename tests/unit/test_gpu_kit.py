@@ -276,7 +276,7 @@ def test_run_stages_against_fake_servers(tmp_path: Path) -> None:
     assert sync["syncs_per_step_in_run_batch"] == 2.0 and sync["host_outside_forward_ms"] > 0
     assert (
         st["toks"]["label"].startswith("PROJECTION")
-        and st["toks"]["table"]["plain"]["1"]["decode_tok_s"] > 0
+        and st["toks"]["table"]["plain"]["1"]["tok_s"] > 0
     )
     assert set(st["adaptive"]["servers"]) == {"SUFFIX-16", "SUFFIX-adaptive-16"}
     assert (tmp_path / "out" / "calibration.json").is_file()
