@@ -343,3 +343,50 @@ def test_source_install_fallback_exposes_the_entry_point(tmp_path: Path) -> None
     path = pythonpath(layout, None, "fallback", dry=False)
     assert str(REPO) in path and path[-1].endswith("shims/common")
     assert any(p.endswith("sgl_kernel_fallback") for p in path)
+
+
+def test_every_gpu_server_command_parses_with_the_hosts_arguments(tmp_path: Path) -> None:
+    """The lent machine's server commands (GPU mode, not dry) go through SGLang's own CLI
+    parser: a misspelt flag or a value outside its choices fails here, not there."""
+    import argparse
+
+    from gpu_kit import stages
+    from gpu_kit.run import Kit
+    from gpu_kit.servers import ServerError
+
+    server_args = pytest.importorskip("sglang.srt.server_args")
+    parser = argparse.ArgumentParser()
+    server_args.ServerArgs.add_cli_args(parser)
+    ns = argparse.Namespace(dry=False, set=[], work=tmp_path / "w", carry=tmp_path / "c",
+                            server_cmd=None)  # fmt: skip
+    kit = Kit(ns, tmp_path, guard.Results(tmp_path))
+    seen = []
+
+    class Recorder:
+        live: dict = {}
+        history: list = []
+
+        def get_many(self, specs):
+            seen.extend(specs)
+            return {s.label: ServerError("not started (test)") for s in specs}
+
+        def stop_all(self):
+            return None
+
+    kit.pool = Recorder()
+    for fn in (stages.stage_parity, stages.stage_curve, stages.stage_hosttime,
+               stages.stage_toks, stages.stage_adaptive):  # fmt: skip
+        try:
+            fn(kit, {})
+        except (ServerError, RuntimeError):
+            pass
+    labels = {s.label for s in seen}
+    assert {"plain", "SUFFIX-16", "SUFFIX-adaptive", "NGRAM", "NGRAM-16-acc1", "HYBRID-probe",
+            "SUFFIX-8-sim", "SUFFIX-adaptive-16-alone"} <= labels  # fmt: skip
+    for spec in seen:
+        parsed = parser.parse_args(list(spec.args))
+        assert parsed.attention_backend == "triton" and parsed.load_format == "dummy"
+        assert parsed.cuda_graph_backend_prefill == "disabled"
+        if spec.plugin:
+            assert parsed.speculative_algorithm in ("SUFFIX", "HYBRID")
+    assert dict(next(s for s in seen if s.label == "plain").env) == {"TRITON_F32_DEFAULT": "ieee"}
