@@ -35,9 +35,18 @@ def generate_many(
     url: str, prompts: Sequence[Sequence[int]], max_new_tokens: int, **extra: Any
 ) -> list[dict[str, Any]]:
     """The prompts sent together, one thread each; responses in prompt order."""
-    with ThreadPoolExecutor(max(1, len(prompts))) as ex:
-        futs = [ex.submit(generate, url, p, max_new_tokens, **extra) for p in prompts]
-        return [f.result() for f in futs]
+    return _all(lambda p: generate(url, p, max_new_tokens, **extra), prompts)
+
+
+def _all(fn: Any, items: Sequence[Any]) -> list[Any]:
+    """``fn`` over ``items`` in threads, results in order. On an exception (the time
+    guard's too) the caller goes on at once: the threads are left to end when their
+    server is stopped, instead of holding the caller until their HTTP timeouts."""
+    ex = ThreadPoolExecutor(max(1, len(items)))
+    try:
+        return [f.result() for f in [ex.submit(fn, item) for item in items]]
+    finally:
+        ex.shutdown(wait=False, cancel_futures=True)
 
 
 def _stream(url: str, input_ids: Sequence[int], max_new_tokens: int, t0: float) -> dict[str, Any]:
@@ -78,8 +87,7 @@ def step_times(url: str, prompts: Sequence[Sequence[int]], max_new_tokens: int) 
     commits one token per request: plain decoding, ``SGLANG_SIMULATE_ACC_LEN=1``) and
     ``tok_s`` for the whole batch, with the spread and the tokens per chunk seen."""
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(len(prompts)) as ex:
-        streams = list(ex.map(lambda p: _stream(url, p, max_new_tokens, t0), prompts))
+    streams = _all(lambda p: _stream(url, p, max_new_tokens, t0), prompts)
     if any(len(s["times"]) < 3 for s in streams):
         raise RuntimeError(f"streams too short: {[len(s['times']) for s in streams]}")
     start = max(s["times"][0] for s in streams)

@@ -12,6 +12,7 @@ and ``server-logs.txt`` into ``--out``:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -139,6 +140,13 @@ class Kit:
                 self._plugin_report = finish_plugin_build(self.layout, self._plugin_proc, 240)
         return self._plugin_report
 
+    def plugin_status(self) -> dict[str, Any]:
+        """The plugin build's report if it ended, else that it is still running."""
+        if self._plugin_report is None and self._plugin_proc is not None:
+            if self._plugin_proc.poll() is None:
+                return {"building": True}
+        return self.plugin_ready()
+
     # -- servers -----------------------------------------------------------------------
     def spec(
         self, label: str, geometry: str, dtype: str, *, algo: str | None = None,
@@ -242,7 +250,12 @@ def save_jit_cache(kit: Kit, out: Path, limit_mib: float = 15.0) -> str:
     if not cache.is_dir():
         return "no cache"
     dest = out / "jit-cache.tar.xz"
-    subprocess.run(["tar", "-C", str(cache), "-cJf", str(dest), "."], check=False, timeout=60)
+    try:
+        subprocess.run(["tar", "-C", str(cache), "-cJf", str(dest), "."], check=False,
+                       timeout=25, env={**os.environ, "XZ_OPT": "-T0 -6"})  # fmt: skip
+    except subprocess.TimeoutExpired:
+        dest.unlink(missing_ok=True)
+        return "dropped: tar took over 25 s"
     if dest.is_file() and dest.stat().st_size > limit_mib * 2**20:
         size = dest.stat().st_size / 2**20
         dest.unlink()
@@ -267,11 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--carry", type=Path, default=REPO / ".gpu-carry", help="gpu/pack's folder")
     ap.add_argument("--work", type=Path, help="scratch (default /tmp/gpu-kit, dry: a temp dir)")
     ap.add_argument("--budget", type=float, default=530.0, help="seconds for the whole run")
-    ap.add_argument("--reserve", type=float, default=25.0, help="seconds kept for the wrap-up")
+    ap.add_argument("--reserve", type=float, default=35.0, help="seconds kept for the wrap-up")
     ap.add_argument("--dry", action="store_true", help="rehearse on a CPU machine (CPU engine)")
     ap.add_argument("--stages", default=",".join(s.name for s in STAGES), help="comma list")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="a size")
     ap.add_argument("--save-jit-cache", action="store_true", help="jit-cache.tar.xz into --out")
+    ap.add_argument(
+        "--min-stage-seconds",
+        type=float,
+        help="start a stage with at least this much budget left (default: each stage's own)",
+    )
     ap.add_argument("--server-cmd", help=argparse.SUPPRESS)  # tests: a fake launch_server
     args = ap.parse_args(argv)
     if args.out is None:
@@ -307,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"[run] install FAILED: {exc}")
             return 1
         chosen = [s for s in STAGES if s.name in wanted]
+        if args.min_stage_seconds is not None:
+            chosen = [dataclasses.replace(s, min_seconds=args.min_stage_seconds) for s in chosen]
         run_stages(chosen, kit, results, budget, cleanup=lambda: kit.pool.keep_only(
             _still_needed(kit, chosen, results)), log=log)  # fmt: skip
     finally:

@@ -89,11 +89,19 @@ class Server:
             f"{self.spec.label}: not healthy after {timeout_s:.0f} s\n{self.log_tail()}"
         )
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """SIGTERM to the server's process group (``stop`` waits and kills)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def stop(self, term_wait_s: float = 8.0) -> None:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        for sig, wait in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, 5.0)):
             if proc.poll() is not None:
                 break
             try:
@@ -151,8 +159,13 @@ class Pool:
                 self.live[spec] = server
         timeout = timeout_s or self.ready_timeout_s
         if launched:
-            with ThreadPoolExecutor(len(launched)) as ex:
+            ex = ThreadPoolExecutor(len(launched))
+            try:
                 futures = {s.spec: ex.submit(s.wait_ready, timeout) for s in launched}
+                for fut in futures.values():
+                    fut.exception()  # waits; the guard's TimeUp leaves the threads behind
+            finally:
+                ex.shutdown(wait=False, cancel_futures=True)
             for spec, fut in futures.items():
                 server = self.live[spec]
                 err = fut.exception()
@@ -176,9 +189,15 @@ class Pool:
         return ServerError(f"{spec.label}: not started")
 
     def keep_only(self, specs: Iterable[ServerSpec]) -> None:
+        """Stops every live server not in ``specs``: SIGTERM to all, then SIGKILL to the
+        process groups still there after a few seconds."""
         keep = set(specs)
-        for spec in [s for s in self.live if s not in keep]:
-            self.live.pop(spec).stop()
+        going = [self.live.pop(s) for s in list(self.live) if s not in keep]
+        for server in going:
+            server.terminate()
+        deadline = time.monotonic() + 8.0
+        for server in going:
+            server.stop(max(0.1, deadline - time.monotonic()))
 
     def stop_all(self) -> None:
         self.keep_only(())

@@ -53,7 +53,7 @@ def stage_env(kit: Any, rec: dict[str, Any]) -> None:
     except (OSError, ValueError):
         rec["imports"] = {"ok": False, "output_tail": raw[-4000:]}
     kit.save()
-    rec["plugin"] = kit.plugin_ready()
+    rec["plugin"] = kit.plugin_status()  # not waited for: the first SUFFIX server waits
     if not rec["imports"].get("ok"):
         raise RuntimeError(f"host CUDA-path imports failed: {rec['imports'].get('failed')}")
 

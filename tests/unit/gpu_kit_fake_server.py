@@ -4,7 +4,8 @@ Accepts launch_server's arguments, answers ``/health`` and ``/generate`` with to
 (``--skip-tokenizer-init`` style, streamed or not) computed from the prompt, the same for
 every algorithm, so parity holds unless told otherwise. Test hooks (environment):
 ``FAKE_SERVER_EXIT_ALGO=NAME`` exits at start for that ``--speculative-algorithm``;
-``FAKE_SERVER_DIFFER_ALGO=NAME`` changes its output from the sixth token on. A speculative
+``FAKE_SERVER_DIFFER_ALGO=NAME`` changes its output from the sixth token on;
+``FAKE_SERVER_HANG_ALGO=NAME`` never answers a ``/generate``. A speculative
 server commits 2 tokens a step, or ``SGLANG_SIMULATE_ACC_LEN`` of them. With
 ``GPU_KIT_PROBE_OUT`` set it writes probe figures as gpu/probe_site does.
 """
@@ -82,6 +83,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if os.environ.get("FAKE_SERVER_HANG_ALGO") == ALGO and ALGO:
+            time.sleep(600)
         n = body["sampling_params"]["max_new_tokens"]
         ids = outputs(body["input_ids"], n)
         sim = float(os.environ.get("SGLANG_SIMULATE_ACC_LEN", "-1"))

@@ -242,10 +242,12 @@ FAST = ["--set", "curve_new_tokens=24", "--set", "toks_new_tokens=16", "--set",
         "host_new_tokens=6", "--set", "parity_new_tokens=12", "--set", "ready_timeout_s=30"]  # fmt: skip
 
 
-def _run_kit(tmp_path: Path, stages: str, env: dict[str, str] | None = None) -> dict:
+def _run_kit(
+    tmp_path: Path, stages: str, env: dict[str, str] | None = None, budget: str = "300"
+) -> dict:
     out = tmp_path / "out"
     cmd = [sys.executable, str(GPU / "run"), "--dry", "--out", str(out), "--work",
-           str(tmp_path / "work"), "--stages", stages, "--budget", "300",
+           str(tmp_path / "work"), "--stages", stages, "--budget", budget, "--reserve", "5", "--min-stage-seconds", "5",
            "--server-cmd", f"{sys.executable} {FAKE_SERVER}", *FAST]  # fmt: skip
     p = subprocess.run(
         cmd,
@@ -390,3 +392,14 @@ def test_every_gpu_server_command_parses_with_the_hosts_arguments(tmp_path: Path
         if spec.plugin:
             assert parsed.speculative_algorithm in ("SUFFIX", "HYBRID")
     assert dict(next(s for s in seen if s.label == "plain").env) == {"TRITON_F32_DEFAULT": "ieee"}
+
+
+def test_time_guard_stops_a_hanging_stage_and_its_servers(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    data = _run_kit(tmp_path, "parity,toks", {"FAKE_SERVER_HANG_ALGO": "NGRAM"}, budget="25")
+    assert time.monotonic() - t0 < 60
+    st = data["stages"]
+    assert st["parity"]["status"] == "time-up" and "time guard" in st["parity"]["error"]
+    assert st["parity"]["results"]["SUFFIX-4"]["identical"] is True  # kept before the hang
+    assert st["toks"]["status"] == "skipped"
+    assert all(row["ready_s"] is not None for row in data["meta"]["servers"])
