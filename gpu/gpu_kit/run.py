@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,8 @@ GPU_PARAMS: dict[str, Any] = {
     "toks_accept_len": 3.0, "toks_batches": [1, 16, 64], "toks_new_tokens": 96,
     "ready_timeout_s": 300, "cuda_graph_bs": [1, 2, 4, 8, 16, 32, 64],
     "context_length": 2048, "max_total_tokens": 65536, "max_running_requests": 64,
-    "mem_fraction_static": 0.88,
+    "mem_fraction_static": 0.88, "max_concurrent_servers": 8,
+    "parity_max_total_tokens": 16384, "parity_graph_bs": [1, 2, 4, 8, 16],
 }  # fmt: skip
 #: The CPU rehearsal: the same stages, tiny model, few tokens.
 DRY_PARAMS: dict[str, Any] = {
@@ -62,7 +64,8 @@ DRY_PARAMS: dict[str, Any] = {
     "host_geometry": "tiny", "host_batches": [1], "host_new_tokens": 16,
     "draft_geometry": "tiny-draft", "toks_batches": [1, 2], "toks_new_tokens": 12,
     "ready_timeout_s": 240, "cuda_graph_bs": [1, 2, 4], "context_length": 512,
-    "max_total_tokens": 8192, "max_running_requests": 8,
+    "max_total_tokens": 8192, "max_running_requests": 8, "parity_max_total_tokens": 8192,
+    "parity_graph_bs": [1, 2, 4],
 }  # fmt: skip
 
 STAGES: list[Stage] = [
@@ -148,18 +151,37 @@ class Kit:
         return self.plugin_ready()
 
     # -- servers -----------------------------------------------------------------------
+    def each_server(
+        self, specs: dict[Any, ServerSpec], keep: tuple[ServerSpec, ...] = ()
+    ) -> Iterator[tuple[Any, ServerSpec, Server | Exception]]:
+        """The servers of ``specs`` in order, started ``max_concurrent_servers`` at a time
+        (one wave measured, then stopped except ``keep``, before the next starts)."""
+        items = list(specs.items())
+        n = max(1, int(self.p["max_concurrent_servers"]))
+        for i in range(0, len(items), n):
+            wave = items[i : i + n]
+            started = self.pool.get_many([spec for _, spec in wave])
+            self.save()
+            for key, spec in wave:
+                yield key, spec, started[spec.label]
+            if i + n < len(items):
+                self.pool.keep_only([s for s in self.pool.live if s in keep])
+
     def spec(
         self, label: str, geometry: str, dtype: str, *, algo: str | None = None,
         width: int | None = None, adaptive: bool = False, env: dict[str, str] | None = None,
         probe: bool = False, gpu_path: bool = False, extra: tuple[str, ...] = (),
+        graph_bs: list[int] | None = None, max_total_tokens: int | None = None,
     ) -> ServerSpec:  # fmt: skip
         p = self.p
+        graph_bs = graph_bs or p["cuda_graph_bs"]
+        running = max(graph_bs) if graph_bs != p["cuda_graph_bs"] else p["max_running_requests"]
         args = ["--model-path", str(self.layout.models / geometry), "--load-format", "dummy",
                 "--skip-tokenizer-init", "--random-seed", "0", "--skip-server-warmup",
                 "--context-length", str(p["context_length"]),
-                "--max-total-tokens", str(p["max_total_tokens"]),
-                "--max-running-requests", str(p["max_running_requests"]),
-                "--cuda-graph-bs-decode", *map(str, p["cuda_graph_bs"])]  # fmt: skip
+                "--max-total-tokens", str(max_total_tokens or p["max_total_tokens"]),
+                "--max-running-requests", str(running),
+                "--cuda-graph-bs-decode", *map(str, graph_bs)]  # fmt: skip
         if not self.dry:
             args += ["--attention-backend", "triton", "--sampling-backend", "pytorch",
                      "--dtype", dtype, "--mem-fraction-static", str(p["mem_fraction_static"]),

@@ -80,7 +80,8 @@ def stage_parity(kit: Any, rec: dict[str, Any]) -> None:
     # fp32 dots in Triton kernels default to tf32 on Hopper; ieee keeps fp32 arithmetic
     env = {} if kit.dry else {"TRITON_F32_DEFAULT": "ieee"}
     extra = ("--enable-deterministic-inference",) if p["parity_deterministic"] else ()
-    common = {"env": env, "gpu_path": True, "extra": extra}
+    common = {"env": env, "gpu_path": True, "extra": extra, "graph_bs": p["parity_graph_bs"],
+              "max_total_tokens": p["parity_max_total_tokens"]}  # fmt: skip
     specs = {"plain": kit.spec("plain", geo, "float32", **common)}
     for w in p["parity_widths"]:
         specs[f"SUFFIX-{w}"] = kit.spec(f"SUFFIX-{w}", geo, "float32", algo="SUFFIX", width=w,
@@ -91,20 +92,19 @@ def stage_parity(kit: Any, rec: dict[str, Any]) -> None:
     rec["geometry"], rec["dtype"], rec["server_env"] = geo, "float32", env
     rec["extra_args"] = list(extra)
     rec["gpu_path"] = "CUDA graphs + overlap (host defaults)" if not kit.dry else kit.dry_path
-    servers = kit.pool.get_many(list(specs.values()))
-    rec["ready_s"] = {k: getattr(v, "ready_s", None) for k, v in servers.items()}
-    kit.save()
-    plain = servers["plain"]
-    if isinstance(plain, Exception):
-        raise plain
+    rec["ready_s"], rec["results"] = {}, {}
     vocab = GEOMETRIES[geo]["vocab_size"]
     ps = prompts(p["parity_prompts"], p["parity_prompt_len"], vocab, seed=1)
-    base = client.generate_many(plain.url, ps, p["parity_new_tokens"], return_logprob=True,
-                                top_logprobs_num=2)  # fmt: skip
-    ref = [o["output_ids"] for o in base]
-    rec["results"] = {}
-    for label, server in servers.items():
-        if label == "plain":
+    base: list[dict[str, Any]] = []
+    ref: list[list[int]] = []
+    for label, _spec, server in kit.each_server(specs):
+        rec["ready_s"][label] = getattr(server, "ready_s", None)
+        if label == "plain":  # first: the reference
+            if isinstance(server, Exception):
+                raise server
+            base = client.generate_many(server.url, ps, p["parity_new_tokens"],
+                                        return_logprob=True, top_logprobs_num=2)  # fmt: skip
+            ref = [o["output_ids"] for o in base]
             continue
         row: dict[str, Any] = {}
         rec["results"][label] = row
@@ -147,12 +147,10 @@ def stage_curve(kit: Any, rec: dict[str, Any]) -> None:
         "median over streams of milliseconds per token while every request of the batch "
         "decodes is the step time; verify = host NGRAM at width W with "
         "SGLANG_SIMULATE_ACC_LEN=1; width 1 = plain decode"))  # fmt: skip
-    servers = kit.pool.get_many(list(specs.values()))
-    rec["ready_s"] = {k: getattr(v, "ready_s", None) for k, v in servers.items()}
-    rec["step_ms"], rec["errors"] = {}, {}
+    rec["ready_s"], rec["step_ms"], rec["errors"] = {}, {}, {}
     vocab = GEOMETRIES[geo]["vocab_size"]
-    for w, spec in specs.items():
-        server = servers[spec.label]
+    for w, spec, server in kit.each_server(specs, keep=(specs[1],)):
+        rec["ready_s"][spec.label] = getattr(server, "ready_s", None)
         if isinstance(server, Exception):
             rec["errors"][str(w)] = str(server)[-2000:]
             continue
@@ -229,11 +227,9 @@ def stage_hosttime(kit: Any, rec: dict[str, Any]) -> None:
         "gpu/probe_site/sitecustomize.py in the scheduler: Scheduler.run_batch of decode "
         "batches and ModelRunner.forward timed; torch.cuda.set_sync_debug_mode('warn') "
         "during the sync phase only"))  # fmt: skip
-    servers = kit.pool.get_many(list(specs.values()))
     rec["results"] = {}
     vocab = GEOMETRIES[geo]["vocab_size"]
-    for name, spec in specs.items():
-        server = servers[spec.label]
+    for name, spec, server in kit.each_server(specs):
         if isinstance(server, Exception):
             rec["results"][name] = {"error": str(server)[-2000:]}
             continue
@@ -279,10 +275,8 @@ def stage_toks(kit: Any, rec: dict[str, Any]) -> None:
     }
     rec.update(label="PROJECTION: acceptance pinned by SGLANG_SIMULATE_ACC_LEN, dummy weights",
                simulate_acc_len=acc, geometry=geo, dtype=dtype, table={})  # fmt: skip
-    servers = kit.pool.get_many(list(specs.values()))
     vocab = GEOMETRIES[geo]["vocab_size"]
-    for name, spec in specs.items():
-        server = servers[spec.label]
+    for name, _spec, server in kit.each_server(specs):
         if isinstance(server, Exception):
             rec["table"][name] = {"error": str(server)[-2000:]}
             continue

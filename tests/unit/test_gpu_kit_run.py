@@ -111,6 +111,21 @@ def test_run_stages_against_fake_servers(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "calibration.json").is_file()
 
 
+def test_run_in_waves_of_servers(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    cmd = [sys.executable, str(GPU / "run"), "--dry", "--out", str(out), "--work",
+           str(tmp_path / "w"), "--stages", "parity,curve", "--budget", "120", "--reserve", "5",
+           "--min-stage-seconds", "5", "--server-cmd", f"{sys.executable} {FAKE_SERVER}",
+           *FAST, "--set", "max_concurrent_servers=2"]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    assert p.returncode == 0, p.stdout[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["status"] == {"parity": "passed", "curve": "passed"}
+    assert set(data["stages"]["parity"]["results"]) == {"SUFFIX-4", "SUFFIX-adaptive", "NGRAM"}
+    log = (out / "server-logs.txt").read_text()
+    assert log.count("=====") == len(data["meta"]["servers"])
+
+
 def test_run_records_a_failed_server_and_goes_on(tmp_path: Path) -> None:
     data = _run_kit(tmp_path, "parity,curve", {"FAKE_SERVER_EXIT_ALGO": "NGRAM",
                                                "FAKE_SERVER_DIFFER_ALGO": "SUFFIX"})  # fmt: skip
