@@ -122,8 +122,6 @@ def install_runtime_hooks() -> list[str]:
         )
     if _host_runs_cpu_engine():
         installed += _install_cpu_engine(config)
-    elif not config.cpu_fallbacks:
-        logger.debug("CPU kernel fallbacks disabled by configuration")
     return installed
 
 

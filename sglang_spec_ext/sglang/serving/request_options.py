@@ -5,9 +5,9 @@
 (``0`` switches its speculation off: it decodes one token per step, the bonus token,
 while its neighbours speculate). The cap never changes what the target commits, only
 how much is proposed. Honoured by SUFFIX and adaptive SUFFIX (the request's suffix draft
-is cut to its first N nodes, best first) and by HYBRID (the suffix draft is cut, and a
-capped request's model draft is replaced by its cut suffix draft; ``0`` verifies no
-draft). Bad values are refused at admission with a 400 naming the field
+is cut to its first N nodes, best first) and by HYBRID (the suffix draft is cut; a
+request whose model draft is longer than its cap verifies its cut suffix draft instead;
+``0`` verifies no draft). Bad values are refused at admission with a 400 naming the field
 (:func:`request_option_problems`, called by the request guard).
 """
 
