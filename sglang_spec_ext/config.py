@@ -133,6 +133,7 @@ class PluginConfig:
     plain_steps: bool = True
     draft_gate: bool = True
     draft_gate_cost: float = 0.1
+    ragged_verify: bool = True
     draft_kv_repair: bool = False
     draft_kv_repair_max_tokens: int = 8192
     stats_log_interval_s: float = 30.0

@@ -155,6 +155,15 @@ FIELDS: tuple[Field, ...] = (
         100.0,
     ),
     Field(
+        "ragged_verify",
+        bool,
+        True,
+        "SUFFIX and adaptive SUFFIX: the target verifies each request's own draft (root plus "
+        "draft nodes), not the batch's width with padding, where the attention backend can "
+        "(the CPU engine's torch_native; GPU backends keep the padded verify and say so at "
+        "start-up) (sglang/verify/ragged.py)",
+    ),
+    Field(
         "stats_log_interval_s",
         float,
         30.0,

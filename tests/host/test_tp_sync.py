@@ -1,4 +1,5 @@
-"""Adaptive width with tensor parallelism: every rank verifies at the same width.
+"""Adaptive width with tensor parallelism: every rank verifies at the same width (and the
+same drafts, at the same ragged verify lengths).
 
 Two processes on CPU join a gloo process group (the kind the host's TP group uses
 for its ``cpu_group``); each runs the real adaptive SUFFIX worker's width choice
@@ -79,6 +80,7 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
         result["synced" if synced else "own"] = widths
     # Drafts: a fault absorbed on rank 1 only (its drafter fails for request "r1"),
     # so without the sync rank 1 would verify different tokens for that request.
+    from sglang_spec_ext.sglang.verify.ragged import RaggedVerify
     from sglang_spec_ext.sglang.workers.suffix_worker import SuffixWorker
 
     for synced in (False, True):
@@ -86,6 +88,7 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
         w.draft_token_num = MAX_WIDTH
         w.enable_overlap = False
         w._init_drafter()
+        w._ragged = RaggedVerify()  # ragged verify: the lengths travel with the drafts
         if synced:
             w._tp_sync = TpSync(cpu_group, src=0)
         if rank == 1:
@@ -101,7 +104,8 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
         drafts = []
         for _ in range(3):
             tokens, mask = w._prepare_draft_tokens(_Batch(_REQS))
-            drafts.append([tokens.tolist(), mask.astype(int).tolist()])
+            lens = w._ragged.pending_lens(len(_REQS), MAX_WIDTH).tolist()
+            drafts.append([tokens.tolist(), mask.astype(int).tolist(), lens])
         result["drafts_synced" if synced else "drafts_own"] = drafts
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
@@ -131,3 +135,6 @@ def test_ranks_with_different_clocks_choose_the_same_widths(tmp_path):
     assert r0["drafts_own"] != r1["drafts_own"]
     # ... and with the sync both verify rank 0's drafts.
     assert r0["drafts_synced"] == r1["drafts_synced"] == r0["drafts_own"]
+    # The ragged verify lengths (each step's last entry, compared above with the rest)
+    # came with them: rank 1's own were shorter for "r1", whose draft it dropped.
+    assert [d[2] for d in r0["drafts_own"]] != [d[2] for d in r1["drafts_own"]]

@@ -38,6 +38,7 @@ from sglang.srt.speculative.ngram_worker import NGRAMWorker
 from sglang_spec_ext.sglang.serving.external_corpus import CorpusStore
 from sglang_spec_ext.sglang.serving.request_options import cap_tree, max_draft_tokens
 from sglang_spec_ext.sglang.serving.server_args import plugin_config
+from sglang_spec_ext.sglang.verify.ragged import RaggedVerify, draft_lens, ragged_backend_problem
 from sglang_spec_ext.sglang.verify.width_switch import WidthSwitchMixin
 from sglang_spec_ext.sglang.verify.widths import VerifyWidthBackends
 from sglang_spec_ext.sglang.workers import plain_step
@@ -96,12 +97,40 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
         self.grammar_tree_host = None
         self._init_drafter()
         self._tp_sync = tp_sync()
+        self._init_ragged()
         logger.info(
             "SUFFIX worker: verify width %d, drafter backend %s, overlap %s",
             self.draft_token_num,
             self.drafter.backend,
             self.enable_overlap,
         )
+
+    def _init_ragged(self) -> None:
+        """Ragged verify (``verify/ragged.py``) if the setting asks for it; whether the
+        target's attention backend can run it is known once the backends exist
+        (:meth:`_resolve_ragged`, at start-up in :meth:`init_cuda_graphs`)."""
+        self._ragged = None
+        self._ragged_resolved = False
+        if self._config.ragged_verify and self.max_width > 1:
+            self._ragged = RaggedVerify()
+
+    def _resolve_ragged(self) -> None:
+        """One start-up line: the verify is ragged, or padded and why."""
+        if self._ragged_resolved:
+            return
+        self._ragged_resolved = True
+        if self._ragged is None:
+            logger.info("SUFFIX: verify padded to the batch's width (SGLANG_SPEC_EXT_RAGGED_"
+                        "VERIFY=0 or width 1)")  # fmt: skip
+            return
+        problem = ragged_backend_problem(self.model_runner)
+        if problem is not None:
+            self._ragged = None
+            logger.info("SUFFIX: verify padded: %s (SGLANG_SPEC_EXT_RAGGED_VERIFY=0 silences "
+                        "this line's reason).", problem)  # fmt: skip
+            return
+        logger.info("SUFFIX: verify ragged: each request's target verify covers its own draft "
+                    "(a ragged step runs the verify forward eagerly)")  # fmt: skip
 
     @classmethod
     def drafting_only(cls, use_tree: bool | None = None) -> SuffixWorker:
@@ -145,6 +174,7 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
         )
         self._gate_step: tuple[int, bool, float] | None = None  # (bs, verified, start)
         self._staged: tuple[np.ndarray, np.ndarray] | None = None
+        self._ragged: RaggedVerify | None = None  # set by __init__ (_init_ragged)
         self._config = config  # the bounds the metrics report
         self.corpora = CorpusStore(self, config.max_corpus_tokens)
         self._init_sessions(config)  # suffix_sessions.py (and a snapshot's warm restart)
@@ -183,6 +213,7 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
         refuses a DECODE batch of an NGRAM-style worker (its width check), and eager
         kernel launches cost more than a replay on a GPU at small batch sizes."""
         super().init_cuda_graphs()
+        self._resolve_ragged()
         if not (self.NARROW_EMPTY_STEPS and self._plain_steps and self.max_width > 1):
             return
         if getattr(self.model_runner, "decode_cuda_graph_runner", None) is None:
@@ -245,6 +276,31 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
             self.ngram_corpus.erase_match_state(list(departed))
         self._prev_decode_rids = cur_rids
 
+    # -- ragged verify (verify/ragged.py) ----------------------------------------------
+    @property
+    def target_worker(self) -> Any:
+        """The target worker; during a ragged verify step, its compact-forward wrapper."""
+        ragged = getattr(self, "_ragged", None)
+        if ragged is None:
+            return self._target_worker
+        return ragged.target(self._target_worker)
+
+    def _prepare_for_speculative_decoding(self, batch: Any) -> None:
+        super()._prepare_for_speculative_decoding(batch)
+        self._resolve_ragged()
+        if self._ragged is not None:
+            self._ragged.plan(batch, self.draft_token_num)
+
+    def _set_lens(self, trees: list[DraftTree]) -> None:
+        if self._ragged is not None:
+            self._ragged.set_lens(draft_lens([len(t.parents) for t in trees], self.draft_token_num))
+
+    def drafter_stats(self) -> dict:
+        stats = super().drafter_stats()
+        if getattr(self, "_ragged", None) is not None:
+            stats.update(self._ragged.stats_dict())
+        return stats
+
     # -- the draft source (the host NGRAM hooks we replace) ---------------------------
     def _prepare_draft_tokens(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
         staged, self._staged = getattr(self, "_staged", None), None
@@ -256,12 +312,15 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
         # the block that can fail: a rank whose drafting raised takes part with a zeroed
         # contribution; if the first rank failed, every rank plain-decodes the step.
         ok = True
+        width = self.draft_token_num
+        lens = np.full(len(batch.reqs), width, dtype=np.int64)
         try:
             tokens, mask = self._local_drafts(batch)
+            if self._ragged is not None:
+                lens = self._ragged.pending_lens(len(batch.reqs), width)
         except Exception as exc:
             self._fault("prepare", None, exc)
             ok = False
-            width = self.draft_token_num
             tokens = np.zeros((len(batch.reqs) * width,), dtype=np.int64)
             mask = np.zeros((len(batch.reqs) * width * width,), dtype=bool)
             self._step_empty = True
@@ -269,6 +328,8 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
             tokens, mask, self._step_empty = self._tp_sync.drafts_flagged(
                 tokens, mask, ok=ok, empty=self._step_empty
             )
+            if self._ragged is not None:  # the first rank's lengths, on every rank
+                self._ragged.set_lens(self._tp_sync.lengths(lens))
             return tokens, mask
         except TpDraftError as exc:
             self._fault("tp-source", None, exc)
@@ -280,7 +341,9 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
         prevs = relayed_per_request(batch, self.enable_overlap)
         roots = [last_token(req, prev) for req, prev in zip(batch.reqs, prevs, strict=True)]
         self._step_empty = True
-        return pack_batch([DraftTree() for _ in roots], roots, self.draft_token_num)
+        trees = [DraftTree() for _ in roots]
+        self._set_lens(trees)
+        return pack_batch(trees, roots, self.draft_token_num)
 
     def _local_drafts(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
         self._maybe_log_stats()
@@ -304,7 +367,9 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
             trees = [DraftTree() for _ in trees]  # weak drafts: a plain step pays more
         self._step_empty = not any(len(tree.parents) for tree in trees)
         try:
-            return pack_batch(trees, roots, width)
+            packed = pack_batch(trees, roots, width)
+            self._set_lens(trees)
+            return packed
         except Exception as exc:  # a malformed draft: find it, plain-decode its request
             self._fault("pack", None, exc)
             for i, tree in enumerate(trees):
@@ -314,6 +379,7 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
                     self._fault("pack", rids[i], tree_exc)
                     trees[i] = DraftTree()
             self._step_empty = not any(len(tree.parents) for tree in trees)
+            self._set_lens(trees)
             return pack_batch(trees, roots, width)
 
     def _update_ngram_corpus(self, batch: Any) -> None:

@@ -53,6 +53,13 @@ class TpSync:
         """The source rank's verify width (adaptive SUFFIX)."""
         return self.choice(width)
 
+    def lengths(self, lens: np.ndarray) -> np.ndarray:
+        """The source rank's per-request verify lengths (ragged verify): ``bs`` int64,
+        every rank passes an array of its batch's size."""
+        t = torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64)).clone()
+        torch.distributed.broadcast(t, src=self.src, group=self.cpu_group)
+        return t.numpy()
+
     def all_ok(self, ok: bool) -> bool:
         """True on every rank only if ``ok`` on every rank (a MIN all-reduce): a
         decision to run an extra forward (with its own collectives) taken together."""

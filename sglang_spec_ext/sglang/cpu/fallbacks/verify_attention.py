@@ -8,7 +8,8 @@ ops, so on a CPU-only host nothing can verify a draft. :func:`forward_extend_hoo
 with :func:`tree_verify_attention` and passes everything else to the original.
 
 Semantics (as the host's ``intel_amx`` backend): each request verifies
-``draft_token_num`` tokens stored after its ``seq_len`` committed ones; every draft
+``draft_token_num`` tokens (under ragged verify its own count, ``ragged_lens_cpu``)
+stored after its ``seq_len`` committed ones; every draft
 token sees the whole committed prefix and, among the drafts, itself and the ancestors
 its row of ``spec_info.custom_mask`` marks (plain causal order for chains,
 ``tree_topk == 1``, or when no mask is given).
@@ -63,6 +64,7 @@ def tree_verify_attention(
     scaling: float | None = None,
     query_positions: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    lens: list[int] | None = None,
 ) -> torch.Tensor:
     """Attention of every request's draft tokens over its prefix plus drafts.
 
@@ -72,23 +74,38 @@ def tree_verify_attention(
     With ``sliding_window``, a prefix token at position ``p`` is seen by a query at
     position ``qp`` only if ``p >= qp - sliding_window``. Returns ``[bs * n, heads,
     v_dim]``.
+
+    Ragged verify (``lens``, ``sglang/verify/ragged.py``): request ``b`` verifies only its
+    first ``lens[b]`` draft rows; ``q`` and ``draft_slots`` (flat, ``[sum lens]``) hold
+    those rows in request order, ``visible`` stays ``[bs, n, n]`` (its top-left
+    ``lens[b]`` square is used). Returns ``[sum lens, heads, v_dim]``.
     """
-    bs, n = draft_slots.shape
+    if lens is None:
+        bs, n = draft_slots.shape
+        lens = [n] * bs
+    else:
+        bs = len(lens)
+    draft_slots = draft_slots.reshape(-1)
     heads = q.shape[1]
-    out = q.new_empty((bs * n, heads, v_cache.shape[-1]))
+    out = q.new_empty((q.shape[0], heads, v_cache.shape[-1]))
     gqa = heads != k_cache.shape[1]
+    start = 0
     for b in range(bs):
-        slots = torch.cat([prefix_slots[b].to(torch.int64), draft_slots[b].to(torch.int64)])
+        n, lo = lens[b], start
+        start += n
+        slots = torch.cat(
+            [prefix_slots[b].to(torch.int64), draft_slots[lo : lo + n].to(torch.int64)]
+        )
         keys = k_cache[slots].to(q.dtype).movedim(0, 1)  # [kv_heads, L, dim]
         values = v_cache[slots].to(q.dtype).movedim(0, 1)
         prefix = prefix_slots[b].numel()
         mask = torch.ones((n, prefix + n), dtype=torch.bool, device=q.device)
-        mask[:, prefix:] = visible[b]
+        mask[:, prefix:] = visible[b, :n, :n]
         if sliding_window is not None and sliding_window > -1 and query_positions is not None:
-            qpos = query_positions[b * n : (b + 1) * n].to(torch.int64)[:, None]
+            qpos = query_positions[lo : lo + n].to(torch.int64)[:, None]
             kpos = torch.arange(prefix, device=q.device)[None, :]
             mask[:, :prefix] &= kpos >= qpos - sliding_window
-        query = q[b * n : (b + 1) * n].movedim(0, 1)  # [heads, n, dim]
+        query = q[lo : lo + n].movedim(0, 1)  # [heads, n, dim]
         result = scaled_dot_product_attention(
             query.unsqueeze(0),
             keys.unsqueeze(0),
@@ -97,7 +114,7 @@ def tree_verify_attention(
             scale=scaling,
             enable_gqa=gqa,
         )
-        out[b * n : (b + 1) * n] = result.squeeze(0).movedim(0, 1)
+        out[lo : lo + n] = result.squeeze(0).movedim(0, 1)
     return out
 
 
@@ -120,6 +137,7 @@ def forward_extend_hook(
 
     spec_info = forward_batch.spec_info
     n = int(spec_info.draft_token_num)
+    lens = getattr(spec_info, "ragged_lens_cpu", None)  # ragged verify (verify/ragged.py)
     cache_loc = forward_batch.out_cache_loc
     if save_kv_cache and k is not None and v is not None:
         backend.token_to_kv_pool.set_kv_buffer(
@@ -145,10 +163,11 @@ def forward_extend_hook(
         backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
         backend.token_to_kv_pool.get_value_buffer(layer.layer_id),
         prefix_slots,
-        cache_loc.reshape(bs, n),
+        cache_loc if lens is not None else cache_loc.reshape(bs, n),
         visible,
         scaling=layer.scaling,
         query_positions=forward_batch.positions,
         sliding_window=window if window is not None and window > -1 else None,
+        lens=lens,
     )
     return out.reshape(-1, heads * v_dim)

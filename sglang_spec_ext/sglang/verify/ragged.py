@@ -1,0 +1,212 @@
+"""Ragged verify: each request's target forward covers its own draft, not the batch's widest.
+
+The host's NGRAM verify path (which SUFFIX and adaptive SUFFIX run on) verifies every
+request at one width ``W``: a request with a 2-token draft and one with none both put
+``W`` tokens through the target, the rest padding. With ragged verify the target
+forward runs on each request's root and draft nodes only (``L_i = 1 + n_i`` tokens,
+``sum L_i`` in all), and everything around the forward keeps the host's padded
+``[bs, W]`` layout: the verify input (tokens, tree mask, links, KV slots), the greedy
+and sampling verify, the KV moves, the overlap relay. What changes, per verify step:
+
+* :meth:`RaggedVerify.plan` (after the host built the verify input): the padding nodes
+  are cut off the tree (the first-child link of each padded request's last real node is
+  set to -1), so no verifier can reach a node the target did not see. Padding nodes
+  were reachable before (token 0 chained below the last node): a target that predicts
+  token 0 there accepted one, a token it did predict, so output was exact then and is
+  exact now; only the padded row's own prediction is no longer computed.
+* :class:`RaggedTarget` (the target worker during the verify forward): the batch's
+  input ids, KV slots and the verify input's positions are swapped for the compact ones
+  (``sum L_i`` rows, in request order), the verify input carries the lengths
+  (``ragged_lens_cpu``) for the attention backend, and after the forward the logits
+  are scattered back to ``[bs * W, vocab]`` rows (padding rows zero: unreachable) and
+  every swapped field restored, so the host's verify reads the layout it built.
+
+Which attention backend can run a ragged target verify: the CPU engine's
+``torch_native`` with the plugin's verify attention (``cpu/fallbacks/verify_attention``
+reads ``ragged_lens_cpu``). The GPU backends (FA3, flashinfer, triton) keep today's
+padded verify: the host's own ragged layout (``srt/speculative/ragged_verify.py``) is
+built for DFLASH/DSPARK's chain verify and has not run here with tree masks on a GPU.
+A ragged step runs the target forward eagerly: the host's verify graphs are captured for
+``bs * W`` tokens and its graph runner refuses any other token count (``can_run_graph``).
+
+No host sync: the lengths are host values (the drafts are built on the host), the
+indices are copied to the device once per step, non-blocking.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger("sglang_spec_ext")
+
+#: Attention backends whose target verify reads ``spec_info.ragged_lens_cpu``.
+RAGGED_BACKENDS = ("TorchNativeAttnBackend",)
+#: The attribute a ragged verify input carries during the target forward.
+LENS_ATTR = "ragged_lens_cpu"
+
+
+def ragged_backend_problem(model_runner: Any) -> str | None:
+    """Why the target's attention backend cannot run a ragged verify (None: it can)."""
+    backend = getattr(model_runner, "attn_backend", None)
+    name = type(backend).__name__
+    if name in RAGGED_BACKENDS:
+        return None
+    return (
+        f"the {name} attention backend has no ragged target verify in this plugin "
+        f"(only {', '.join(RAGGED_BACKENDS)}, the CPU engine's); verify stays padded to "
+        "the batch's width"
+    )
+
+
+@dataclass
+class RaggedStats:
+    """Verify tokens per step with and without the padding (the stats line's figures)."""
+
+    steps: int = 0
+    ragged_steps: int = 0
+    verified_tokens: int = 0  # tokens through the target forward
+    padded_tokens: int = 0  # what the padded verify would have put through
+
+    def count(self, lens: np.ndarray, width: int, ragged: bool) -> None:
+        self.steps += 1
+        self.padded_tokens += len(lens) * width
+        if ragged:
+            self.ragged_steps += 1
+            self.verified_tokens += int(lens.sum())
+        else:
+            self.verified_tokens += len(lens) * width
+
+    def as_dict(self) -> dict[str, Any]:
+        steps = max(self.steps, 1)
+        return {
+            "ragged_verify_steps": self.ragged_steps,
+            "verify_steps": self.steps,
+            "verify_tokens_per_step": round(self.verified_tokens / steps, 3),
+            "padded_verify_tokens_per_step": round(self.padded_tokens / steps, 3),
+        }
+
+
+@dataclass
+class RaggedPlan:
+    """One step's compaction: which of the ``bs * W`` verify rows the target computes."""
+
+    lens: list[int]
+    width: int
+    keep: torch.Tensor  # [sum L] int64 indices into the bs * W rows
+    saved: dict[str, Any] = field(default_factory=dict)
+
+
+class RaggedVerify:
+    """Per-worker ragged verify (see the module doc). ``lens`` of the step being verified
+    are set by the worker's draft source (:meth:`set_lens`), the same on every TP rank."""
+
+    def __init__(self) -> None:
+        self.stats = RaggedStats()
+        self._lens: np.ndarray | None = None
+        self.plan_now: RaggedPlan | None = None
+
+    def set_lens(self, lens: np.ndarray | None) -> None:
+        """This step's verify lengths (root included, 1..W per request) or None."""
+        self._lens = None if lens is None else np.asarray(lens, dtype=np.int64)
+
+    def pending_lens(self, bs: int, width: int) -> np.ndarray:
+        """The lengths set for the coming step (all ``width`` where none are set)."""
+        if self._lens is None or len(self._lens) != bs:
+            return np.full(bs, width, dtype=np.int64)
+        return self._lens
+
+    def plan(self, batch: Any, width: int) -> None:
+        """After the host built the verify input of ``batch``: cut the padding off the
+        tree and plan the compact forward (nothing where no request is padded)."""
+        lens, self._lens = self._lens, None
+        self.plan_now = None
+        if lens is None or not batch.forward_mode.is_target_verify():
+            return
+        bs = len(batch.reqs)
+        if len(lens) != bs or bs == 0:
+            return
+        if lens.min() < 1 or lens.max() > width:
+            raise ValueError(f"ragged verify lengths {lens.tolist()} outside 1..{width}")
+        ragged = bool((lens < width).any())
+        self.stats.count(lens, width, ragged)
+        if not ragged:
+            return
+        spec_info = batch.spec_info
+        device = spec_info.retrieve_next_token.device
+        rows = np.nonzero(lens < width)[0]
+        last = rows * width + lens[rows] - 1  # each padded request's last real node
+        links = spec_info.retrieve_next_token.view(-1)
+        links[torch.from_numpy(last).to(device, non_blocking=True)] = -1
+        starts = np.arange(bs, dtype=np.int64) * width
+        keep = np.repeat(starts, lens) + (
+            np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+        )
+        self.plan_now = RaggedPlan(
+            lens=lens.tolist(),
+            width=width,
+            keep=torch.from_numpy(keep).to(device, non_blocking=True),
+        )
+
+    def target(self, target_worker: Any) -> Any:
+        """The target worker for this step's verify forward (compact where planned)."""
+        if self.plan_now is None:
+            return target_worker
+        return RaggedTarget(target_worker, self)
+
+    def stats_dict(self) -> dict[str, Any]:
+        return self.stats.as_dict()
+
+
+class RaggedTarget:
+    """The target worker during one ragged verify forward: compact in, padded out."""
+
+    def __init__(self, worker: Any, ragged: RaggedVerify) -> None:
+        self._worker = worker
+        self._ragged = ragged
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._worker, name)
+
+    def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        plan, self._ragged.plan_now = self._ragged.plan_now, None
+        if plan is None or not kwargs.get("is_verify"):
+            return self._worker.forward_batch_generation(batch, *args, **kwargs)
+        spec_info = batch.spec_info
+        saved = (batch.input_ids, batch.out_cache_loc, spec_info.positions)
+        keep = plan.keep
+        batch.input_ids = saved[0].view(-1)[keep]
+        batch.out_cache_loc = saved[1].view(-1)[keep]
+        spec_info.positions = saved[2].view(-1)[keep]
+        setattr(spec_info, LENS_ATTR, plan.lens)
+        try:
+            result = self._worker.forward_batch_generation(batch, *args, **kwargs)
+        finally:
+            batch.input_ids, batch.out_cache_loc, spec_info.positions = saved
+            setattr(spec_info, LENS_ATTR, None)
+        out = result.logits_output
+        rows = len(plan.lens) * plan.width
+        out.next_token_logits = _scatter_rows(out.next_token_logits, keep, rows)
+        if getattr(out, "hidden_states", None) is not None:
+            out.hidden_states = _scatter_rows(out.hidden_states, keep, rows)
+        return result
+
+
+def _scatter_rows(compact: torch.Tensor | None, keep: torch.Tensor, rows: int) -> Any:
+    if compact is None:
+        return None
+    full = compact.new_zeros((rows, *compact.shape[1:]))
+    full.index_copy_(0, keep, compact)
+    return full
+
+
+def draft_lens(node_counts: list[int] | np.ndarray, width: int) -> np.ndarray:
+    """Verify lengths (root included) for draft trees of ``node_counts`` nodes."""
+    lens = np.asarray(node_counts, dtype=np.int64) + 1
+    if lens.size and (lens > width).any():
+        raise ValueError(f"draft of {int(lens.max()) - 1} nodes exceeds verify width {width}")
+    return lens

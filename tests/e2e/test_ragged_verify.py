@@ -1,0 +1,90 @@
+"""Ragged verify (``sglang/verify/ragged.py``) served on the CPU engine: SUFFIX at width 16.
+
+Each request's verify forward covers its own draft; the rest of the host's verify keeps
+its padded layout. Served eagerly, under overlap scheduling, and under the CUDA-graph
+emulation (where a ragged step runs the verify forward eagerly: the verify graphs are
+captured at ``bs x width`` tokens). Every server must give plain serving's greedy output
+token for token with concurrent requests, and its drafter-stats line must show ragged
+steps that put fewer tokens through the target than the padded verify would have. The
+same server with ``SGLANG_SPEC_EXT_RAGGED_VERIFY=0`` verifies every token of its width.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+
+import pytest
+
+from sglang_spec_ext.sglang.cpu.graph_capture import ENV as GRAPHS_ENV
+from sglang_spec_ext.sglang.cpu.overlap import ENV as OVERLAP_ENV
+from sglang_spec_ext.sglang.workers.suffix_sessions import STATS_LOG_MARK
+from tests.e2e.test_suffix_serving import CODE, PROMPTS
+from tests.harness.server import ServerConfig
+
+WIDTH = 16
+NEW_TOKENS = 32
+SUFFIX = ("--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", str(WIDTH))
+STATS = {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}
+SERVED = {
+    "ragged": ((), {}),
+    "ragged-overlap": ((), {OVERLAP_ENV: "1"}),
+    "ragged-graphs+overlap": (
+        ("--cuda-graph-bs-decode", "1", "2", "4"),
+        {GRAPHS_ENV: "1", OVERLAP_ENV: "1"},
+    ),
+    "padded": ((), {"SGLANG_SPEC_EXT_RAGGED_VERIFY": "0"}),
+}
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model_dir, start_module_server):
+    return start_module_server.start_all({
+        name: ServerConfig(tiny_model_dir, (*SUFFIX, *args), {**STATS, **env})
+        for name, (args, env) in SERVED.items()
+    })  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def prompts(tok) -> list[list[int]]:
+    ids = [tok(p)["input_ids"] for _, p, _ in PROMPTS[:6]]
+    # A request the trees know by heart next to ones they do not: ragged lengths.
+    return ids + [tok(CODE * 2)["input_ids"], tok(PROMPTS[2][1])["input_ids"]]
+
+
+def _greedy(server, ids: list[int]) -> list[int]:
+    out = server.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, temperature=0,
+                          ignore_eos=True)  # fmt: skip
+    return out["output_ids"]
+
+
+def _last_stats(server) -> dict:
+    lines = [ln for ln in server.log_path.read_text(errors="replace").splitlines()
+             if STATS_LOG_MARK in ln]  # fmt: skip
+    assert lines, server.log_tail()
+    return json.loads(lines[-1].split(STATS_LOG_MARK, 1)[1])
+
+
+@pytest.mark.parametrize("name", list(SERVED))
+def test_greedy_parity_with_concurrent_requests(servers, tiny_baseline_server, prompts, name):
+    expected = [_greedy(tiny_baseline_server, ids) for ids in prompts]
+    server = servers[name]
+    for _ in range(2):  # the second round drafts from the first's answers
+        with cf.ThreadPoolExecutor(len(prompts)) as pool:
+            got = list(pool.map(lambda ids: _greedy(server, ids), prompts))
+        for i, (a, b) in enumerate(zip(got, expected, strict=True)):
+            assert a == b, f"{name}: request {i} differs from plain serving"
+    stats = _last_stats(server)
+    if name == "padded":
+        assert "ragged_verify_steps" not in stats, stats
+        return
+    print(name, {k: v for k, v in stats.items() if "verify" in k})
+    assert stats["ragged_verify_steps"] > 0, stats
+    assert stats["verify_tokens_per_step"] < stats["padded_verify_tokens_per_step"], stats
+
+
+def test_start_up_line_names_the_verify(servers):
+    for name, server in servers.items():
+        log = server.log_path.read_text(errors="replace")
+        want = "SUFFIX: verify padded" if name == "padded" else "SUFFIX: verify ragged"
+        assert want in log, (name, server.log_tail())
