@@ -72,9 +72,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-prompts", type=int, default=32, help="requests per cell")
     g.add_argument(
         "--prompts",
-        choices=("random", "random-words"),
+        choices=("random", "random-words", "mixed"),
         default="random",
-        help="random token ids or random words (ignored with --dataset)",
+        help="random token ids, random words, or the mixed workload (code edits, agent loops "
+        "and a repeated question beside chat and random-token prompts; chat-template "
+        "prompts of their own length, the scenario sets the output length) (ignored with "
+        "--dataset)",
     )
     g.add_argument(
         "--dataset",

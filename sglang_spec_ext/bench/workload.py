@@ -145,7 +145,10 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
 
 class PromptSource:
     """Builds prompts of a given length: ``random`` (token ids), ``random-words`` or a
-    ``dataset``. ``tokenizer`` (optional, a Hugging Face tokenizer) makes text exact."""
+    ``dataset``; or ``mixed``: the embedded mixed workload (``demo_workloads.mixed_prompts``:
+    code edits, agent loops and a repeated question beside chat and random-token prompts,
+    their own lengths; needs a tokenizer with a chat template). ``tokenizer`` (optional
+    otherwise, a Hugging Face tokenizer) makes text exact."""
 
     def __init__(
         self,
@@ -154,8 +157,10 @@ class PromptSource:
         tokenizer: Any = None,
         dataset: Sequence[Request] | None = None,
     ) -> None:
-        if kind not in ("random", "random-words", "dataset"):
+        if kind not in ("random", "random-words", "dataset", "mixed"):
             raise ValueError(f"unknown prompt kind {kind!r}")
+        if kind == "mixed" and tokenizer is None:
+            raise ValueError("mixed prompts need a tokenizer (--tokenizer DIR or --model-path)")
         if kind == "random" and not vocab:
             raise ValueError("random token prompts need the vocabulary (--vocab-size)")
         if kind == "dataset" and not dataset:
@@ -172,6 +177,11 @@ class PromptSource:
             start = rng.randrange(len(self.dataset))
             picked = [self.dataset[(start + i) % len(self.dataset)] for i in range(n)]
             return [Request(scenario.output_len, r.prompt_ids, r.prompt_text) for r in picked]
+        if self.kind == "mixed":
+            from sglang_spec_ext.bench.demo_workloads import mixed_prompts
+
+            return [Request(scenario.output_len, tuple(ids))
+                    for _, ids in mixed_prompts(self.tokenizer, n, seed=seed)]  # fmt: skip
         if self.kind == "random":
             return [
                 Request(

@@ -34,6 +34,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from .draft import DraftTree
+from .lengths import NodeCalibration, VerifyCost, trim_trees
 
 #: Match-length buckets' upper bounds (the last bucket is open).
 MATCH_EDGES = (1, 2, 3, 5, 8, 12, 16, 24, 32)
@@ -114,11 +115,20 @@ class DraftGate:
     config: GateConfig = field(default_factory=GateConfig)
     _acc: dict[tuple[int, int], list[float]] = field(default_factory=dict, repr=False)
     _bucket: dict[int, list[float]] = field(default_factory=dict, repr=False)
-    _verified: dict[Hashable, tuple[tuple[int, int], int, float]] = field(default_factory=dict)
+    # rid -> (cell, verified nodes, their raw score, whether the whole draft was verified)
+    _verified: dict[Hashable, tuple[tuple[int, int], int, float, bool]] = field(
+        default_factory=dict
+    )
     _walks: dict[Hashable, _Walk] = field(default_factory=dict, repr=False)
     _times: dict[tuple[int, bool], _Timing] = field(default_factory=dict, repr=False)
     steps_verified: int = 0
     steps_gated: int = 0
+    #: Ragged verify (:meth:`trim`): the step-cost fit, and draft nodes drafted / verified.
+    cost: VerifyCost | None = None
+    nodes: NodeCalibration = field(default_factory=NodeCalibration)
+    _drafts: dict[Hashable, DraftTree] = field(default_factory=dict, repr=False)
+    nodes_drafted: int = 0
+    nodes_verified: int = 0
 
     # -- acceptance -----------------------------------------------------------
     def expected(self, tree: DraftTree) -> float:
@@ -136,10 +146,13 @@ class DraftGate:
             return min(raw, float(len(tree)))
         return min((seen[1] + w * raw) / (seen[0] + w), float(len(tree)))
 
-    def _observe(self, cell: tuple[int, int], raw: float, accepted: int) -> None:
-        seen = self._acc.setdefault(cell, [0.0, 0.0])
-        seen[0] += 1.0
-        seen[1] += accepted
+    def _observe(
+        self, cell: tuple[int, int], raw: float, accepted: int, whole: bool = True
+    ) -> None:
+        if whole:  # the cell's mean is per whole draft; a cut draft informs the bucket only
+            seen = self._acc.setdefault(cell, [0.0, 0.0])
+            seen[0] += 1.0
+            seen[1] += accepted
         bucket = self._bucket.setdefault(cell[0], [0.0, 0.0])
         bucket[0] += raw
         bucket[1] += accepted
@@ -149,10 +162,13 @@ class DraftGate:
         bonus; the prefix of several steps' for a gated draft's walk)."""
         if not tokens:
             return
+        draft = self._drafts.pop(rid, None)
+        if draft is not None:  # ragged verify: label the whole draft's nodes
+            self.nodes.observe(draft, tokens)
         verified = self._verified.pop(rid, None)
         if verified is not None:
-            cell, size, raw = verified
-            self._observe(cell, raw, max(0, min(len(tokens) - 1, size)))
+            cell, size, raw, whole = verified
+            self._observe(cell, raw, max(0, min(len(tokens) - 1, size)), whole)
         walk = self._walks.get(rid)
         if walk is None:
             return
@@ -170,6 +186,7 @@ class DraftGate:
 
     def forget(self, rid: Hashable) -> None:
         self._verified.pop(rid, None)
+        self._drafts.pop(rid, None)
         self._walks.pop(rid, None)
 
     # -- the decision -----------------------------------------------------------
@@ -204,7 +221,7 @@ class DraftGate:
                 continue
             cell = (match_bucket(tree.match_len), score_bin(tree.score))
             if verify:
-                self._verified[rid] = (cell, len(tree), _raw(tree))
+                self._verified[rid] = (cell, len(tree), _raw(tree), True)
             elif rid not in self._walks:
                 self._walks[rid] = _walk(cell, tree)
         if total > 0:
@@ -214,8 +231,49 @@ class DraftGate:
                 self.steps_gated += 1
         return verify
 
-    def on_step_time(self, bs: int, verified: bool, seconds: float) -> None:
-        """Wall time of one decode step of ``bs`` requests, verified or plain."""
+    def trim(
+        self, rids: Sequence[Hashable], trees: Sequence[DraftTree], width: int
+    ) -> list[DraftTree]:
+        """Ragged verify: each draft cut to the nodes worth their verify cost at this
+        step (``suffix/lengths.py``: the batch's most probable nodes, acceptance
+        calibrated per node by :attr:`nodes`, against the fitted step cost); empty drafts
+        everywhere make a plain step. Records every draft for the acceptance tables, as
+        :meth:`decide` does, and keeps it whole to label its nodes with what the request
+        commits next."""
+        if self.cost is None:
+            self.cost = VerifyCost(self.config.cost_prior)
+        t0, fixed, per_draft = self.cost.step_costs(len(trees), width)
+        cut = trim_trees(trees, self.nodes.calibrate, t0, per_draft, fixed)
+        drafted = verified = 0
+        for rid, full, mine in zip(rids, trees, cut, strict=True):
+            self._verified.pop(rid, None)
+            self._drafts.pop(rid, None)
+            if not len(full):
+                continue
+            self._drafts[rid] = full
+            drafted += len(full)
+            verified += len(mine)
+            cell = (match_bucket(full.match_len), score_bin(full.score))
+            if len(mine):
+                self._verified[rid] = (cell, len(mine), _raw(mine), len(mine) == len(full))
+            elif rid not in self._walks:
+                self._walks[rid] = _walk(cell, full)
+        self.nodes_drafted += drafted
+        self.nodes_verified += verified
+        if drafted:
+            if verified:
+                self.steps_verified += 1
+            else:
+                self.steps_gated += 1
+        return cut
+
+    def on_step_time(
+        self, bs: int, verified: bool, seconds: float, drafts: int | None = None
+    ) -> None:
+        """Wall time of one decode step of ``bs`` requests, verified or plain (and, under
+        ragged verify, the draft nodes it verified: the step-cost fit's input)."""
+        if drafts is not None and self.cost is not None:
+            self.cost.on_step(bs, drafts, seconds)
         if seconds > 0 and math.isfinite(seconds):
             key = (bs_tier(bs), bool(verified))
             self._times.setdefault(key, _Timing()).add(seconds, self.config.ema)
@@ -228,6 +286,16 @@ class DraftGate:
             "gate_steps_plain": self.steps_gated,
             "gate_extra_cost": {f"bs<={2**t}": round(self.extra_cost(2**t), 3) for t in tiers},
             "gate_walks": len(self._walks),
+            **(
+                {}
+                if self.cost is None
+                else {
+                    "lengths_nodes_drafted": self.nodes_drafted,
+                    "lengths_nodes_verified": self.nodes_verified,
+                    **self.cost.stats(),
+                    **self.nodes.stats(),
+                }
+            ),
         }
 
 

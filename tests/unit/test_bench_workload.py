@@ -108,3 +108,26 @@ def test_vocab_ids_sources(tmp_path: Path) -> None:
     assert wl.vocab_ids(Tok()) == [1, 3, 4]
     with pytest.raises(ValueError):
         wl.PromptSource("random", vocab=None)
+
+
+class ChatTokenizer(WordTokenizer):
+    """Stand-in chat tokenizer: the turns joined, one token per character."""
+
+    def apply_chat_template(self, messages, **_kw) -> list[int]:
+        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages))
+
+
+def test_mixed_prompts_repeat_a_few_long_texts_and_need_a_tokenizer() -> None:
+    from sglang_spec_ext.bench.demo_workloads import MIXED_KINDS, mixed_prompts
+
+    sc = wl.Scenario("m", 0, 9)
+    reqs = wl.PromptSource("mixed", tokenizer=ChatTokenizer()).build(sc, 16, 0)
+    assert len(reqs) == 16 and all(r.output_len == 9 and r.prompt_ids for r in reqs)
+    kinds = [k for k, _ in mixed_prompts(ChatTokenizer(), 16)]
+    assert kinds == list(MIXED_KINDS) * 2
+    # agent loops share their long system turn and tool-call shape: long repeated text
+    agents = [ids for k, ids in mixed_prompts(ChatTokenizer(), 16) if k == "agent"]
+    assert agents[0][:200] == agents[1][:200]
+    assert reqs == wl.PromptSource("mixed", tokenizer=ChatTokenizer()).build(sc, 16, 0)
+    with pytest.raises(ValueError, match="tokenizer"):
+        wl.PromptSource("mixed")

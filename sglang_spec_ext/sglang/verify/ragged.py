@@ -72,9 +72,9 @@ class RaggedStats:
     verified_tokens: int = 0  # tokens through the target forward
     padded_tokens: int = 0  # what the padded verify would have put through
 
-    def count(self, lens: np.ndarray, width: int, ragged: bool) -> None:
+    def count(self, lens: np.ndarray, width: int, ragged: bool, padded_width: int) -> None:
         self.steps += 1
-        self.padded_tokens += len(lens) * width
+        self.padded_tokens += len(lens) * padded_width
         if ragged:
             self.ragged_steps += 1
             self.verified_tokens += int(lens.sum())
@@ -109,6 +109,9 @@ class RaggedVerify:
         self.stats = RaggedStats()
         self._lens: np.ndarray | None = None
         self.plan_now: RaggedPlan | None = None
+        #: The width a padded verify of this step would have had, where the worker
+        #: verifies it narrower (at its longest draft): what the stats compare with.
+        self.padded_width: int | None = None
 
     def set_lens(self, lens: np.ndarray | None) -> None:
         """This step's verify lengths (root included, 1..W per request) or None."""
@@ -133,7 +136,7 @@ class RaggedVerify:
         if lens.min() < 1 or lens.max() > width:
             raise ValueError(f"ragged verify lengths {lens.tolist()} outside 1..{width}")
         ragged = bool((lens < width).any())
-        self.stats.count(lens, width, ragged)
+        self.stats.count(lens, width, ragged, self.padded_width or width)
         if not ragged:
             return
         spec_info = batch.spec_info

@@ -80,8 +80,10 @@ class WidthSwitchMixin:
             backends = self._verify_backends = VerifyWidthBackends(runner, self.max_width)
         backends.activate(width)
 
-    def _pad_relay(self, draft_input: Any, bs: int, width: int) -> None:
-        """Relayed accepted tokens at the startup stride (overlap scheduling)."""
+    def _pad_relay(self, draft_input: Any, bs: int, width: int, to: int | None = None) -> None:
+        """Relayed accepted tokens at the startup stride (overlap scheduling), or at
+        ``to`` (a step inside a step of that width: ragged verify under adaptive SUFFIX)."""
+        to = self.max_width if to is None else to
         tokens = draft_input.accept_tokens
         if tokens is None:
             return
@@ -90,7 +92,7 @@ class WidthSwitchMixin:
                 f"SUFFIX: relay of {tokens.numel()} accepted tokens for {bs} "
                 f"requests at width {width}; expected {bs * width}"
             )
-        padded = torch.zeros((bs, self.max_width), dtype=tokens.dtype, device=tokens.device)
+        padded = torch.zeros((bs, to), dtype=tokens.dtype, device=tokens.device)
         padded[:, :width] = tokens.view(bs, width)
         draft_input.accept_tokens = padded.flatten()
-        draft_input.draft_token_num = self.max_width
+        draft_input.draft_token_num = to

@@ -172,7 +172,9 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
             if (self.USES_DRAFT_GATE and config.draft_gate and config.plain_steps)
             else None
         )
-        self._gate_step: tuple[int, bool, float] | None = None  # (bs, verified, start)
+        # (bs, verified, start, draft nodes verified) of the last decode step
+        self._gate_step: tuple[int, bool, float, int] | None = None
+        self._step_drafts = 0
         self._staged: tuple[np.ndarray, np.ndarray] | None = None
         self._ragged: RaggedVerify | None = None  # set by __init__ (_init_ragged)
         self._config = config  # the bounds the metrics report
@@ -190,7 +192,8 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
         if self._plain_steps and batch.forward_mode.is_decode() and batch.reqs:
             tokens, mask = self._prepare_draft_tokens(batch)
             if self._gate is not None:
-                self._gate_step = (len(batch.reqs), not self._step_empty, time.perf_counter())
+                self._gate_step = (len(batch.reqs), not self._step_empty, time.perf_counter(),
+                                   self._step_drafts)  # fmt: skip
             if self._step_empty:
                 reason = plain_step.ineligible(batch, pp_proxy_tensors)
                 if reason is None:
@@ -203,7 +206,37 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
                 else:
                     plain_step.STATS.count(False, reason)
             self._staged = (tokens, mask)
+            if self._ragged is not None:
+                longest = int(
+                    self._ragged.pending_lens(len(batch.reqs), self.draft_token_num).max()
+                )
+                if 1 < longest < self.draft_token_num:
+                    return self._shorter_step(batch, longest, on_publish, pp_proxy_tensors)
         return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
+
+    def _shorter_step(self, batch: Any, width: int, on_publish, pp_proxy_tensors) -> Any:
+        """Ragged verify where no request's draft needs the whole width: the host's verify
+        at the batch's longest draft (its root included), so the verify input, the
+        sampler's logits and the padding the host still builds shrink with it; the drafts
+        are the staged ones cut to their first ``width`` rows (every real node is among
+        them, padding follows), the relay padded back to the width of the step."""
+        tokens, mask = self._staged
+        bs, full = len(batch.reqs), self.draft_token_num
+        self._staged = (
+            tokens.reshape(bs, full)[:, :width].reshape(-1),
+            mask.reshape(bs, full, full)[:, :width, :width].reshape(-1),
+        )
+        self._use_width(width)
+        self._ragged.padded_width = full
+        try:
+            result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
+        finally:
+            self._staged = None
+            self._ragged.padded_width = None
+            self._use_width(full)
+        if result.next_draft_input is not None:
+            self._pad_relay(result.next_draft_input, bs, width, to=full)
+        return result
 
     def init_cuda_graphs(self) -> None:
         """After the target's graphs (the scheduler's order): where the startup width has
@@ -264,9 +297,10 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
         prev, self._gate_step = self._gate_step, None
         if prev is None or not batch.forward_mode.is_decode():
             return
-        bs, verified, start = prev
+        bs, verified, start, drafts = prev
         if bs == len(batch.reqs):
-            self._gate.on_step_time(bs, verified, time.perf_counter() - start)
+            self._gate.on_step_time(bs, verified, time.perf_counter() - start,
+                                    drafts if self._ragged is not None else None)  # fmt: skip
 
     def after_plain_step(self, batch: Any) -> None:
         """What the host's NGRAM verify does after a step for the requests' match state."""
@@ -292,6 +326,7 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
             self._ragged.plan(batch, self.draft_token_num)
 
     def _set_lens(self, trees: list[DraftTree]) -> None:
+        self._step_drafts = sum(len(t.parents) for t in trees)
         if self._ragged is not None:
             self._ragged.set_lens(draft_lens([len(t.parents) for t in trees], self.draft_token_num))
 
@@ -363,8 +398,11 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
             cap_tree(next(it), max_draft_tokens(req)) if good else DraftTree()
             for good, req in zip(ok, batch.reqs, strict=True)
         ]
-        if self._gate is not None and not self._gate.decide(rids, trees):
-            trees = [DraftTree() for _ in trees]  # weak drafts: a plain step pays more
+        if self._gate is not None:
+            if self._ragged is not None:  # each draft cut to what pays for its verify
+                trees = self._gate.trim(rids, trees, width)
+            elif not self._gate.decide(rids, trees):
+                trees = [DraftTree() for _ in trees]  # weak drafts: a plain step pays more
         self._step_empty = not any(len(tree.parents) for tree in trees)
         try:
             packed = pack_batch(trees, roots, width)

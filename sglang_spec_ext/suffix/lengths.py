@@ -1,0 +1,231 @@
+"""Per-request verify lengths chosen for goodput (ragged verify). Engine-agnostic.
+
+With ragged verify each request puts its own draft through the target, so the question
+a step answers is no longer "verify at which width" but "which draft nodes are worth
+their verify cost". A step that verifies ``D`` draft nodes for ``bs`` requests takes
+
+    t(bs, D) = t0(bs) + e + b * D    (D > 0; t0: the plain decode step at this batch
+                                      size, e: what any verify step costs on top)
+
+and commits ``bs + sum p`` tokens, ``p`` the calibrated acceptance probability of each
+verified node. Tokens per second is maximised by the ``k`` most probable nodes for the
+``k`` that maximises ``(bs + S_k) / (t0 + e + b k)`` against ``bs / t0`` for a plain step
+(equal costs per node: the best set is always a top-``k`` prefix). Path probabilities never grow along a path, so a top-``k``
+set keeps every chosen node's parent (ties go to the lower index, the parent); a node
+whose parent was not chosen is dropped all the same. ``k = 0`` is a plain step.
+
+:class:`NodeCalibration` turns the drafter's path probabilities into acceptance
+probabilities, per probability bin, from the tokens requests commit (the drafter's own
+are far too confident on text it has seen once: a single continuation reads as 1).
+
+:class:`VerifyCost` learns ``t0``, ``e`` and ``b`` from timed steps: least squares of step
+time on ``(1, bs, [D > 0], D)`` over a bounded window of recent steps; until the window holds both
+plain and verify steps with different ``D`` (or when the fit is degenerate) a prior
+stands in: a verify of every request at the full width costs ``1 + r`` plain steps
+(``r``: the draft gate's ``cost_prior``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .draft import DraftTree
+
+#: Steps the cost fit looks back over.
+WINDOW = 256
+#: Timed steps before the fit replaces the prior.
+MIN_STEPS = 16
+#: Bins of the drafter's own path probability that node acceptance is calibrated in.
+PROB_BINS = 10
+
+
+@dataclass
+class NodeCalibration:
+    """The chance a draft node is accepted, per bin of the drafter's own path probability,
+    learned from what requests commit. Every node whose fate the committed tokens decide
+    is an observation, verified or not: on the target's path (accepted, or would have
+    been), or off it; nodes below the deepest committed token on the path stay unknown.
+    Before evidence a bin says what the drafter says (``prior_weight`` pseudo-counts)."""
+
+    prior_weight: float = 2.0
+    seen: np.ndarray = field(default_factory=lambda: np.zeros(PROB_BINS))
+    hits: np.ndarray = field(default_factory=lambda: np.zeros(PROB_BINS))
+
+    @staticmethod
+    def _bins(raw: np.ndarray) -> np.ndarray:
+        return np.minimum((np.clip(raw, 0.0, 1.0) * PROB_BINS).astype(np.int64), PROB_BINS - 1)
+
+    def calibrate(self, raw: np.ndarray) -> np.ndarray:
+        raw = np.clip(np.asarray(raw, dtype=np.float64), 0.0, 1.0)
+        b = self._bins(raw)
+        w = self.prior_weight
+        return (self.hits[b] + w * raw) / (self.seen[b] + w)
+
+    def observe(self, tree: DraftTree, committed: Sequence[int]) -> int:
+        """Label ``tree``'s nodes with the tokens its request committed next (the accepted
+        drafts and the bonus token of a verify step; one token of a plain step). Returns
+        the number of nodes labelled."""
+        n = min(len(tree.tokens), len(tree.parents), len(tree.probs))
+        depth = [0] * n
+        state = [0] * n  # 1: on the target's path, 0: off it, -1: not decided
+        raw, label = [], []
+        for i in range(n):
+            parent = tree.parents[i]
+            depth[i] = 1 if parent < 0 else depth[parent] + 1
+            above = 1 if parent < 0 else state[parent]
+            if above == 0:  # an ancestor left the target's path: rejected
+                state[i] = 0
+            elif above < 0 or depth[i] > len(committed):
+                state[i] = -1
+                continue
+            else:
+                state[i] = int(int(committed[depth[i] - 1]) == int(tree.tokens[i]))
+            raw.append(tree.probs[i])
+            label.append(state[i] == 1)
+        if raw:
+            b = self._bins(np.asarray(raw, dtype=np.float64))
+            np.add.at(self.seen, b, 1.0)
+            np.add.at(self.hits, b, np.asarray(label, dtype=np.float64))
+        return len(raw)
+
+    def stats(self) -> dict[str, object]:
+        rate = np.where(self.seen > 0, self.hits / np.maximum(self.seen, 1), np.nan)
+        return {"lengths_node_acceptance_by_prob_bin": [
+            None if np.isnan(r) else round(float(r), 3) for r in rate]}  # fmt: skip
+
+
+@dataclass
+class VerifyCost:
+    """``t(bs, D) = a + c * bs + e * [D > 0] + b * D`` from timed steps (the module doc)."""
+
+    cost_prior: float = 0.1
+    window: int = WINDOW
+    _steps: deque = field(default_factory=deque, repr=False)
+    _fit: tuple[float, float, float, float] | None = None  # (a, c, e, b): the last good fit
+    _dirty: bool = False
+
+    def on_step(self, bs: int, drafts: int, seconds: float) -> None:
+        """One decode step of ``bs`` requests that verified ``drafts`` draft nodes (0: a
+        plain step) took ``seconds``."""
+        if not (seconds > 0 and np.isfinite(seconds)) or bs < 1:
+            return
+        self._steps.append((float(bs), float(drafts), float(seconds)))
+        while len(self._steps) > self.window:
+            self._steps.popleft()
+        self._dirty = True
+
+    def _refit(self) -> None:
+        self._dirty = False
+        if len(self._steps) < MIN_STEPS:
+            return
+        data = np.asarray(self._steps, dtype=np.float64)
+        bs, drafts, t = data[:, 0], data[:, 1], data[:, 2]
+        verify = (drafts > 0).astype(np.float64)
+        if np.ptp(verify) <= 0 or np.ptp(drafts[drafts > 0]) <= 0:
+            return  # no plain steps, or D never varied: not identifiable, keep what we had
+        cols = [np.ones_like(bs), verify, drafts] + ([bs] if np.ptp(bs) > 0 else [])
+        coef, *_ = np.linalg.lstsq(np.stack(cols, axis=1), t, rcond=None)
+        a, e, b = float(coef[0]), float(coef[1]), float(coef[2])
+        c = float(coef[3]) if len(coef) > 3 else 0.0
+        if b <= 0 or not np.isfinite(coef).all():
+            return
+        self._fit = (a, c, max(e, 0.0), b)
+
+    def step_costs(self, bs: int, width: int) -> tuple[float, float, float]:
+        """``(t0(bs), e, b)``: the plain step's time, a verify step's extra fixed cost and
+        one verified draft node's, in the fit's seconds, or from the prior in units of
+        the plain step (``t0 = 1``, ``e = 0``)."""
+        if self._dirty:
+            self._refit()
+        if self._fit is not None:
+            a, c, e, b = self._fit
+            t0 = a + c * bs
+            if t0 > 0:
+                return t0, e, b
+        return 1.0, 0.0, self.cost_prior / max(bs * max(width - 1, 1), 1)
+
+    def stats(self) -> dict[str, object]:
+        fit = self._fit
+        return {
+            "lengths_cost_fit": None
+            if fit is None
+            else {
+                "a_ms": round(fit[0] * 1e3, 3),
+                "c_ms": round(fit[1] * 1e3, 4),
+                "e_ms": round(fit[2] * 1e3, 4),
+                "b_ms": round(fit[3] * 1e3, 4),
+            },  # fmt: skip
+            "lengths_cost_steps": len(self._steps),
+        }
+
+
+def best_count(probs: np.ndarray, bs: int, t0: float, b: float, e: float = 0.0) -> int:
+    """How many of ``probs`` (sorted descending) maximise ``(bs + S_k) / (t0 + e + b k)``
+    (``bs / t0`` for none)."""
+    if probs.size == 0:
+        return 0
+    k = np.arange(probs.size + 1, dtype=np.float64)
+    gain = bs + np.concatenate(([0.0], np.cumsum(probs)))
+    cost = t0 + b * k + np.where(k > 0, e, 0.0)
+    return int(np.argmax(gain / cost))  # the first maximum: fewest nodes on a tie
+
+
+def trim_trees(
+    trees: Sequence[DraftTree],
+    calibrate: Callable[[np.ndarray], np.ndarray],
+    t0: float,
+    b: float,
+    e: float = 0.0,
+) -> list[DraftTree]:
+    """Each tree cut to its nodes among the batch's best ``k`` (see the module doc).
+    ``calibrate`` maps the drafter's path probabilities to acceptance probabilities
+    (e.g. :meth:`NodeCalibration.calibrate`)."""
+    bs = len(trees)
+    sizes = [len(t) for t in trees]
+    total = sum(sizes)
+    if total == 0:
+        return list(trees)
+    probs = np.empty(total, dtype=np.float64)
+    owner = np.repeat(np.arange(bs), sizes)
+    start = 0
+    for tree, n in zip(trees, sizes, strict=True):
+        raw = np.asarray(tree.probs[:n], dtype=np.float64) if len(tree.probs) >= n else None
+        if raw is None:  # no probabilities: the draft's score spread evenly
+            raw = np.full(n, float(tree.score) / max(n, 1))
+        probs[start : start + n] = np.clip(calibrate(raw), 0.0, 1.0)
+        start += n
+    index = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    order = np.lexsort((index, owner, -probs))  # most probable first; parents first on ties
+    k = best_count(probs[order], bs, t0, b, e)
+    chosen = np.zeros(total, dtype=bool)
+    chosen[order[:k]] = True
+    out: list[DraftTree] = []
+    start = 0
+    for tree, n in zip(trees, sizes, strict=True):
+        keep = chosen[start : start + n]
+        start += n
+        out.append(tree if keep.all() else _subtree(tree, keep))
+    return out
+
+
+def _subtree(tree: DraftTree, keep: np.ndarray) -> DraftTree:
+    """``tree`` restricted to the nodes in ``keep`` whose ancestors are all kept."""
+    new_index: dict[int, int] = {}
+    tokens: list[int] = []
+    parents: list[int] = []
+    probs: list[float] = []
+    for i, parent in enumerate(tree.parents):
+        if not keep[i] or (parent >= 0 and parent not in new_index):
+            continue
+        new_index[i] = len(tokens)
+        tokens.append(tree.tokens[i])
+        parents.append(-1 if parent < 0 else new_index[parent])
+        if i < len(tree.probs):
+            probs.append(tree.probs[i])
+    score = float(sum(probs)) if probs else 0.0
+    return DraftTree(tokens=tokens, parents=parents, probs=probs, score=score,
+                     match_len=tree.match_len if tokens else 0)  # fmt: skip

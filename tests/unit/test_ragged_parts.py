@@ -1,0 +1,175 @@
+"""Ragged verify's pieces without a server (sglang/verify/ragged.py, the CPU verify
+attention's per-request lengths). Served end to end in tests/e2e/test_ragged_verify.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_spec_ext.sglang.cpu.fallbacks.verify_attention import tree_verify_attention
+from sglang_spec_ext.sglang.verify.ragged import (
+    LENS_ATTR,
+    RaggedTarget,
+    RaggedVerify,
+    draft_lens,
+    ragged_backend_problem,
+)
+from sglang_spec_ext.suffix.draft import DraftTree
+from sglang_spec_ext.verify.layout import pack_batch, retrieve_links
+
+
+def test_ragged_attention_equals_the_padded_rows_it_keeps():
+    torch.manual_seed(0)
+    width, heads, kv_heads, dim = 6, 4, 2, 8
+    trees = [DraftTree([5, 6, 7], [-1, 0, 0]), DraftTree(), DraftTree([9], [-1])]
+    lens = draft_lens([len(t) for t in trees], width)
+    _tokens, mask = pack_batch(trees, [1, 2, 3], width)
+    visible = torch.from_numpy(mask.reshape(3, width, width))
+    prefix_lens = [4, 7, 2]
+    slots = 64
+    k_cache = torch.randn(slots, kv_heads, dim)
+    v_cache = torch.randn(slots, kv_heads, dim)
+    perm = torch.randperm(slots)
+    prefix, start = [], 0
+    for n in prefix_lens:
+        prefix.append(perm[start : start + n])
+        start += n
+    draft_slots = perm[start : start + 3 * width].view(3, width)
+    q = torch.randn(3 * width, heads, dim)
+    padded = tree_verify_attention(q, k_cache, v_cache, prefix, draft_slots, visible)
+    keep = torch.cat([torch.arange(b * width, b * width + n) for b, n in enumerate(lens)])
+    ragged = tree_verify_attention(
+        q[keep], k_cache, v_cache, prefix, draft_slots.reshape(-1)[keep], visible,
+        lens=lens.tolist(),
+    )  # fmt: skip
+    assert ragged.shape[0] == int(lens.sum())
+    torch.testing.assert_close(ragged, padded[keep])
+
+
+def _batch(trees, width):
+    bs = len(trees)
+    tokens, mask = pack_batch(trees, list(range(1, bs + 1)), width)
+    links = np.concatenate([retrieve_links(t.parents, width)[0] for t in trees])
+    spec_info = SimpleNamespace(
+        retrieve_next_token=torch.from_numpy(links.copy()),
+        positions=torch.arange(bs * width),
+        custom_mask=torch.from_numpy(mask),
+    )
+    return SimpleNamespace(
+        reqs=[object()] * bs,
+        forward_mode=SimpleNamespace(is_target_verify=lambda: True),
+        spec_info=spec_info,
+        input_ids=torch.from_numpy(tokens),
+        out_cache_loc=torch.arange(100, 100 + bs * width),
+    )
+
+
+def test_plan_cuts_the_padding_off_and_keeps_each_requests_rows():
+    width = 5
+    trees = [DraftTree([7, 8], [-1, 0]), DraftTree(), DraftTree([1, 2, 3, 4], [-1, 0, 1, 2])]
+    batch = _batch(trees, width)
+    before = batch.spec_info.retrieve_next_token.clone()
+    ragged = RaggedVerify()
+    ragged.set_lens(draft_lens([len(t) for t in trees], width))
+    ragged.plan(batch, width)
+    plan = ragged.plan_now
+    assert plan.lens == [3, 1, 5]
+    assert plan.keep.tolist() == [0, 1, 2, 5, 10, 11, 12, 13, 14]
+    links = batch.spec_info.retrieve_next_token.view(3, width)
+    # Each padded request's last real node no longer leads into its padding ...
+    assert before.view(3, width)[0, 2] == 3 and links[0, 2] == -1
+    assert before.view(3, width)[1, 0] == 1 and links[1, 0] == -1
+    # ... and nothing else changed (the full request keeps its chain).
+    links[0, 2], links[1, 0] = before.view(3, width)[0, 2], before.view(3, width)[1, 0]
+    assert torch.equal(batch.spec_info.retrieve_next_token, before)
+    stats = ragged.stats_dict()
+    assert stats["ragged_verify_steps"] == 1
+    assert stats["verify_tokens_per_step"] == 9 and stats["padded_verify_tokens_per_step"] == 15
+
+
+def test_nothing_is_planned_where_every_request_is_full_or_lengths_are_stale():
+    width = 3
+    trees = [DraftTree([7, 8], [-1, 0])] * 2
+    batch = _batch(trees, width)
+    ragged = RaggedVerify()
+    ragged.set_lens(draft_lens([2, 2], width))
+    ragged.plan(batch, width)
+    assert ragged.plan_now is None and ragged.stats.steps == 1
+    ragged.set_lens(np.array([1, 1, 1]))  # set for another batch size
+    ragged.plan(batch, width)
+    assert ragged.plan_now is None
+    with pytest.raises(ValueError, match="outside 1..3"):
+        ragged.set_lens(np.array([4, 1]))
+        ragged.plan(batch, width)
+    with pytest.raises(ValueError, match="exceeds verify width"):
+        draft_lens([3], 3)
+
+
+class _Target:
+    """Stands in for the host's TpModelWorker: records what the forward saw."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail, self.seen, self.other = fail, None, "delegated"
+
+    def forward_batch_generation(self, batch, **kwargs):
+        spec = batch.spec_info
+        self.seen = (batch.input_ids.clone(), batch.out_cache_loc.clone(),
+                     spec.positions.clone(), getattr(spec, LENS_ATTR))  # fmt: skip
+        if self.fail:
+            raise RuntimeError("forward failed")
+        n = batch.input_ids.numel()
+        logits = torch.arange(n, dtype=torch.float32)[:, None].repeat(1, 4) + 1
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits,
+                                                             hidden_states=None))  # fmt: skip
+
+
+def test_the_target_sees_the_compact_batch_and_the_verify_gets_padded_rows_back():
+    width = 4
+    trees = [DraftTree([7], [-1]), DraftTree([5, 6, 9], [-1, 0, 1])]
+    batch = _batch(trees, width)
+    ids, locs, pos = batch.input_ids.clone(), batch.out_cache_loc.clone(), batch.spec_info.positions
+    ragged = RaggedVerify()
+    ragged.set_lens(draft_lens([1, 3], width))
+    ragged.plan(batch, width)
+    target = _Target()
+    wrapped = ragged.target(target)
+    assert isinstance(wrapped, RaggedTarget) and wrapped.other == "delegated"
+    out = wrapped.forward_batch_generation(batch, is_verify=True).logits_output
+    seen_ids, seen_locs, seen_pos, seen_lens = target.seen
+    keep = [0, 1, 4, 5, 6, 7]
+    assert seen_ids.tolist() == ids[keep].tolist() and seen_locs.tolist() == locs[keep].tolist()
+    assert seen_pos.tolist() == keep and seen_lens == [2, 4]
+    # Padded back: kept rows in place, padding rows zero; the batch as the host built it.
+    assert out.next_token_logits.shape == (8, 4)
+    assert out.next_token_logits[:, 0].tolist() == [1, 2, 0, 0, 3, 4, 5, 6]
+    assert torch.equal(batch.input_ids, ids) and torch.equal(batch.out_cache_loc, locs)
+    assert batch.spec_info.positions is pos and getattr(batch.spec_info, LENS_ATTR) is None
+    assert ragged.target(target) is target  # one plan, one forward
+
+
+def test_a_failed_forward_still_restores_the_batch():
+    width = 3
+    batch = _batch([DraftTree(), DraftTree([4], [-1])], width)
+    ids, locs = batch.input_ids.clone(), batch.out_cache_loc.clone()
+    ragged = RaggedVerify()
+    ragged.set_lens(np.array([1, 2]))
+    ragged.plan(batch, width)
+    with pytest.raises(RuntimeError, match="forward failed"):
+        ragged.target(_Target(fail=True)).forward_batch_generation(batch, is_verify=True)
+    assert torch.equal(batch.input_ids, ids) and torch.equal(batch.out_cache_loc, locs)
+    assert getattr(batch.spec_info, LENS_ATTR) is None
+
+
+def test_only_the_cpu_engines_backend_runs_it():
+    class TorchNativeAttnBackend:  # noqa: N801 - named as the host's class
+        pass
+
+    class TritonAttnBackend:  # noqa: N801
+        pass
+
+    assert ragged_backend_problem(SimpleNamespace(attn_backend=TorchNativeAttnBackend())) is None
+    problem = ragged_backend_problem(SimpleNamespace(attn_backend=TritonAttnBackend()))
+    assert "TritonAttnBackend" in problem and "padded" in problem
