@@ -34,22 +34,13 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from .draft import DraftTree
-from .lengths import NodeCalibration, VerifyCost, trim_trees
+from .lengths import NodeCalibration, VerifyCost, match_bucket, trim_trees
 
-#: Match-length buckets' upper bounds (the last bucket is open).
-MATCH_EDGES = (1, 2, 3, 5, 8, 12, 16, 24, 32)
 #: Raw-score bins: width in expected tokens, and the number of bins (the last is open).
 SCORE_BIN = 0.5
 SCORE_BINS = 16
 #: Batch-size tiers of the step-time estimates: bs in (2**(i-1), 2**i].
 MAX_TIER = 12
-
-
-def match_bucket(match_len: int) -> int:
-    for i, edge in enumerate(MATCH_EDGES):
-        if match_len <= edge:
-            return i
-    return len(MATCH_EDGES)
 
 
 def score_bin(score: float) -> int:

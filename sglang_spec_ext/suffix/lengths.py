@@ -41,29 +41,46 @@ WINDOW = 256
 MIN_STEPS = 16
 #: Bins of the drafter's own path probability that node acceptance is calibrated in.
 PROB_BINS = 10
+#: Match-length buckets' upper bounds (the last bucket is open), shared with the gate.
+MATCH_EDGES = (1, 2, 3, 5, 8, 12, 16, 24, 32)
+MATCH_BUCKETS = len(MATCH_EDGES) + 1
+
+
+def match_bucket(match_len: int) -> int:
+    for i, edge in enumerate(MATCH_EDGES):
+        if match_len <= edge:
+            return i
+    return len(MATCH_EDGES)
 
 
 @dataclass
 class NodeCalibration:
-    """The chance a draft node is accepted, per bin of the drafter's own path probability,
-    learned from what requests commit. Every node whose fate the committed tokens decide
-    is an observation, verified or not: on the target's path (accepted, or would have
-    been), or off it; nodes below the deepest committed token on the path stay unknown.
-    Before evidence a bin says what the drafter says (``prior_weight`` pseudo-counts)."""
+    """The chance a draft node is accepted, per bin of the drafter's own path probability
+    and per match-length bucket of its draft, learned from what requests commit. Every
+    node whose fate the committed tokens decide is an observation, verified or not: on
+    the target's path (accepted, or would have been), or off it; nodes below the deepest
+    committed token on the path stay unknown. A probability bin's pooled rate (before
+    evidence, what the drafter says) is the prior of its match-length cells
+    (``prior_weight`` pseudo-counts each): a draft matched on a long repeated suffix is
+    accepted far more often than one of the same probability on a short match."""
 
     prior_weight: float = 2.0
     seen: np.ndarray = field(default_factory=lambda: np.zeros(PROB_BINS))
     hits: np.ndarray = field(default_factory=lambda: np.zeros(PROB_BINS))
+    cell_seen: np.ndarray = field(default_factory=lambda: np.zeros((MATCH_BUCKETS, PROB_BINS)))
+    cell_hits: np.ndarray = field(default_factory=lambda: np.zeros((MATCH_BUCKETS, PROB_BINS)))
 
     @staticmethod
     def _bins(raw: np.ndarray) -> np.ndarray:
         return np.minimum((np.clip(raw, 0.0, 1.0) * PROB_BINS).astype(np.int64), PROB_BINS - 1)
 
-    def calibrate(self, raw: np.ndarray) -> np.ndarray:
+    def calibrate(self, raw: np.ndarray, match_len: int = 0) -> np.ndarray:
         raw = np.clip(np.asarray(raw, dtype=np.float64), 0.0, 1.0)
         b = self._bins(raw)
+        m = match_bucket(match_len)
         w = self.prior_weight
-        return (self.hits[b] + w * raw) / (self.seen[b] + w)
+        pooled = (self.hits[b] + w * raw) / (self.seen[b] + w)
+        return (self.cell_hits[m, b] + w * pooled) / (self.cell_seen[m, b] + w)
 
     def observe(self, tree: DraftTree, committed: Sequence[int]) -> int:
         """Label ``tree``'s nodes with the tokens its request committed next (the accepted
@@ -88,8 +105,12 @@ class NodeCalibration:
             label.append(state[i] == 1)
         if raw:
             b = self._bins(np.asarray(raw, dtype=np.float64))
+            hit = np.asarray(label, dtype=np.float64)
             np.add.at(self.seen, b, 1.0)
-            np.add.at(self.hits, b, np.asarray(label, dtype=np.float64))
+            np.add.at(self.hits, b, hit)
+            m = match_bucket(tree.match_len)
+            np.add.at(self.cell_seen[m], b, 1.0)
+            np.add.at(self.cell_hits[m], b, hit)
         return len(raw)
 
     def stats(self) -> dict[str, object]:
@@ -176,14 +197,14 @@ def best_count(probs: np.ndarray, bs: int, t0: float, b: float, e: float = 0.0) 
 
 def trim_trees(
     trees: Sequence[DraftTree],
-    calibrate: Callable[[np.ndarray], np.ndarray],
+    calibrate: Callable[[np.ndarray, int], np.ndarray],
     t0: float,
     b: float,
     e: float = 0.0,
 ) -> list[DraftTree]:
     """Each tree cut to its nodes among the batch's best ``k`` (see the module doc).
-    ``calibrate`` maps the drafter's path probabilities to acceptance probabilities
-    (e.g. :meth:`NodeCalibration.calibrate`)."""
+    ``calibrate(probs, match_len)`` maps a draft's path probabilities to acceptance
+    probabilities (e.g. :meth:`NodeCalibration.calibrate`)."""
     bs = len(trees)
     sizes = [len(t) for t in trees]
     total = sum(sizes)
@@ -196,7 +217,7 @@ def trim_trees(
         raw = np.asarray(tree.probs[:n], dtype=np.float64) if len(tree.probs) >= n else None
         if raw is None:  # no probabilities: the draft's score spread evenly
             raw = np.full(n, float(tree.score) / max(n, 1))
-        probs[start : start + n] = np.clip(calibrate(raw), 0.0, 1.0)
+        probs[start : start + n] = np.clip(calibrate(raw, tree.match_len), 0.0, 1.0)
         start += n
     index = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     order = np.lexsort((index, owner, -probs))  # most probable first; parents first on ties

@@ -27,7 +27,7 @@ def _chain(probs: list[float], match_len: int = 8) -> DraftTree:
                      probs=probs, score=sum(probs), match_len=match_len)  # fmt: skip
 
 
-SAME = lambda p: p  # noqa: E731 - the drafter's probabilities as they are
+SAME = lambda p, _match_len: p  # noqa: E731 - the drafter's probabilities as they are
 
 
 def _throughput(bs: int, chosen: list[float], t0: float, b: float) -> float:
@@ -70,8 +70,8 @@ def test_cheap_verify_keeps_everything_dear_verify_nothing():
 def test_calibration_moves_the_cut():
     trees = [_chain([0.5, 0.4])]
     # Halved, both nodes fall below what the step costs; doubled (capped at 1) both pay.
-    assert len(trim_trees(trees, lambda p: p * 0.4, t0=1.0, b=0.5)[0]) == 0
-    assert len(trim_trees(trees, lambda p: p * 2.0, t0=1.0, b=0.5)[0]) == 2
+    assert len(trim_trees(trees, lambda p, _m: p * 0.4, t0=1.0, b=0.5)[0]) == 0
+    assert len(trim_trees(trees, lambda p, _m: p * 2.0, t0=1.0, b=0.5)[0]) == 2
 
 
 def test_node_calibration_labels_what_the_committed_tokens_decide():
@@ -90,6 +90,9 @@ def test_node_calibration_labels_what_the_committed_tokens_decide():
     # Calibrated: the 0.8-0.9 bin saw 0 of 2, pulled from 0.85 towards 0.
     assert cal.calibrate(np.array([0.85]))[0] == pytest.approx(2 * 0.85 / 4)
     assert cal.stats()["lengths_node_acceptance_by_prob_bin"][9] == 1.0
+    # Per match-length cell: this draft's bucket (match 5) has the 0.9 node's hit, so a
+    # 0.9 node of a match-5 draft is likelier than one of an unseen bucket's.
+    assert cal.calibrate(np.array([0.9]), 5)[0] > cal.calibrate(np.array([0.9]), 40)[0]
 
 
 def test_subtree_keeps_only_nodes_whose_ancestors_are_kept():
@@ -111,7 +114,7 @@ def test_trim_never_keeps_a_node_without_its_parent():
         tree = DraftTree(tokens=list(range(n)), parents=parents, probs=probs,
                          score=sum(probs), match_len=3)  # fmt: skip
         scale = rng.uniform(0.5, 2)
-        cut = trim_trees([tree], lambda p, s=scale: p * s, 1.0, rng.uniform(0.01, 0.5))[0]
+        cut = trim_trees([tree], lambda p, _m, s=scale: p * s, 1.0, rng.uniform(0.01, 0.5))[0]
         assert all(-1 <= p < i for i, p in enumerate(cut.parents))
         assert len(cut) <= n
 
