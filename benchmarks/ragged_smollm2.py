@@ -17,11 +17,9 @@ here; outputs are compared with plain decoding token for token; verify tokens pe
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 
 from tqdm import tqdm
@@ -30,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from adaptive_smollm2 import run_level  # noqa: E402
 from model_draft_smollm2 import run, serve  # noqa: E402
 
 from sglang_spec_ext.machine import machine_info  # noqa: E402
@@ -53,17 +52,6 @@ CONFIGS = {
     "SUFFIX ragged ungated": (SUFFIX, {**STATS, "SGLANG_SPEC_EXT_DRAFT_GATE": "0"}),
 }
 DEFAULT_CONFIGS = ("plain", "SUFFIX padded", "adaptive padded", "SUFFIX ragged")
-
-
-def run_level(server, prompts: list[list[int]], concurrency: int, max_new: int) -> dict:
-    t0 = time.perf_counter()
-    with cf.ThreadPoolExecutor(concurrency) as pool:
-        rows = list(pool.map(lambda p: run(server, [p], max_new)[0], prompts))
-    wall = time.perf_counter() - t0
-    tokens = sum(r["tokens"] for r in rows)
-    steps = sum(r["verify_steps"] for r in rows)
-    return {"rows": rows, "wall_s": wall, "tokens": tokens, "goodput_tok_s": tokens / wall,
-            "accept_length": tokens / steps if steps else None}  # fmt: skip
 
 
 def last_stats(log_path: Path) -> dict:

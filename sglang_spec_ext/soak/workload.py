@@ -22,6 +22,7 @@ from typing import Any
 DEFAULT_MIX: dict[str, float] = {
     "greedy": 24,
     "repeat": 8,
+    "capped": 6,
     "near_limit": 14,
     "one_token": 5,
     "stop": 5,
@@ -40,7 +41,17 @@ DEFAULT_MIX: dict[str, float] = {
 
 #: Kinds whose greedy output must equal the plain server's.
 PARITY_KINDS = frozenset(
-    {"greedy", "repeat", "near_limit", "one_token", "stop", "logprobs", "tenant", "adapter"}
+    {
+        "greedy",
+        "repeat",
+        "capped",
+        "near_limit",
+        "one_token",
+        "stop",
+        "logprobs",
+        "tenant",
+        "adapter",
+    }  # fmt: skip
 )
 #: Tenants of "tenant" requests (None: unsalted), and the soak's LoRA adapter names
 #: (None: the base model).
@@ -143,6 +154,17 @@ def build_workload(
             req.payload = {"input_ids": ids, "sampling_params": _greedy(new)}
         elif kind == "repeat":
             req.payload = {"input_ids": rng.choice(bases), "sampling_params": _greedy(new)}
+        elif kind == "capped":
+            # Per-request speculation control (docs/suffix.md): off or capped, often on
+            # a text the trees know, beside uncapped neighbours; ragged verify gives it
+            # its own verify length. Plain serving and the host's algorithms ignore it.
+            cap = rng.choice([0, 1, 4])
+            req.payload = {
+                "input_ids": rng.choice(bases) if rng.random() < 0.5 else ids,
+                "sampling_params": _greedy(
+                    new, custom_params={"spec_ext": {"max_draft_tokens": cap}}
+                ),
+            }
         elif kind == "near_limit":
             new = rng.randint(8, max_new)
             length = context_len - new - rng.randint(0, 3)

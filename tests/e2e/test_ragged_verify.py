@@ -6,7 +6,9 @@ emulation (where a ragged step runs the verify forward eagerly: the verify graph
 captured at ``bs x width`` tokens). Every server must give plain serving's greedy output
 token for token with concurrent requests, and its drafter-stats line must show ragged
 steps that put fewer tokens through the target than the padded verify would have. The
-same server with ``SGLANG_SPEC_EXT_RAGGED_VERIFY=0`` verifies every token of its width.
+same server with ``SGLANG_SPEC_EXT_RAGGED_VERIFY=0`` verifies every token of its width. One
+server runs the draft gate's per-request lengths (each draft cut to the nodes worth their
+verify cost) on the GPU default path's emulation.
 """
 
 from __future__ import annotations
@@ -26,12 +28,19 @@ WIDTH = 16
 NEW_TOKENS = 32
 SUFFIX = ("--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", str(WIDTH))
 STATS = {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}
+GATED = {"SGLANG_SPEC_EXT_DRAFT_GATE": "1", "SGLANG_SPEC_EXT_DRAFT_GATE_COST": "2"}
 SERVED = {
     "ragged": ((), {}),
     "ragged-overlap": ((), {OVERLAP_ENV: "1"}),
     "ragged-graphs+overlap": (
         ("--cuda-graph-bs-decode", "1", "2", "4"),
         {GRAPHS_ENV: "1", OVERLAP_ENV: "1"},
+    ),
+    # The draft gate (off in the test harness) cuts each draft to what pays for its verify
+    # (suffix/lengths.py), priced here as if a full-width verify cost 3 plain steps.
+    "ragged-gated+graphs+overlap": (
+        ("--cuda-graph-bs-decode", "1", "2", "4"),
+        {GRAPHS_ENV: "1", OVERLAP_ENV: "1", **GATED},
     ),
     "padded": ((), {"SGLANG_SPEC_EXT_RAGGED_VERIFY": "0"}),
 }
@@ -81,6 +90,8 @@ def test_greedy_parity_with_concurrent_requests(servers, tiny_baseline_server, p
     print(name, {k: v for k, v in stats.items() if "verify" in k})
     assert stats["ragged_verify_steps"] > 0, stats
     assert stats["verify_tokens_per_step"] < stats["padded_verify_tokens_per_step"], stats
+    if "gated" in name:  # drafts were cut per request, some nodes verified
+        assert 0 < stats["lengths_nodes_verified"] < stats["lengths_nodes_drafted"], stats
 
 
 def test_start_up_line_names_the_verify(servers):

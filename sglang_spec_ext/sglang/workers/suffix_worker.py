@@ -12,6 +12,8 @@ The parts, one module each:
 * ``suffix_relay.py``: the tokens a request committed that ``req.output_ids`` lacks
   yet under overlap scheduling (spliced in exactly as the host's NGRAM does);
 * ``suffix_corpora.py``: the host's external-corpus requests;
+* ``suffix_ragged.py``: ragged verify (each request's own draft through the target,
+  ``verify/ragged.py``), the step at the batch's longest draft;
 * this module: the worker's construction, its step (a plain or width-1 verify step
   where no request has a draft, ``plain_step.py``; the draft gate's timing) and the
   draft source: drafts packed in the host's verify layout, the same on every TP rank.
@@ -38,11 +40,12 @@ from sglang.srt.speculative.ngram_worker import NGRAMWorker
 from sglang_spec_ext.sglang.serving.external_corpus import CorpusStore
 from sglang_spec_ext.sglang.serving.request_options import cap_tree, max_draft_tokens
 from sglang_spec_ext.sglang.serving.server_args import plugin_config
-from sglang_spec_ext.sglang.verify.ragged import RaggedVerify, draft_lens, ragged_backend_problem
+from sglang_spec_ext.sglang.verify.ragged import RaggedVerify
 from sglang_spec_ext.sglang.verify.width_switch import WidthSwitchMixin
 from sglang_spec_ext.sglang.verify.widths import VerifyWidthBackends
 from sglang_spec_ext.sglang.workers import plain_step
 from sglang_spec_ext.sglang.workers.suffix_corpora import ExternalCorporaMixin
+from sglang_spec_ext.sglang.workers.suffix_ragged import RaggedStepsMixin
 from sglang_spec_ext.sglang.workers.suffix_relay import last_token, relayed_per_request
 from sglang_spec_ext.sglang.workers.suffix_sessions import DrafterSessionsMixin, SessionCloser
 from sglang_spec_ext.sglang.workers.tp_sync import TpDraftError, TpSync, tp_sync
@@ -58,7 +61,9 @@ def suffix_config_from_plugin_config() -> SuffixConfig:
     return plugin_config().suffix_config()
 
 
-class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin, NGRAMWorker):
+class SuffixWorker(
+    RaggedStepsMixin, DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin, NGRAMWorker
+):
     """``--speculative-algorithm SUFFIX`` (see the module doc)."""
 
     #: Capture width-1 target verify graphs at start-up for steps with no draft
@@ -105,33 +110,6 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
             self.enable_overlap,
         )
 
-    def _init_ragged(self) -> None:
-        """Ragged verify (``verify/ragged.py``) if the setting asks for it; whether the
-        target's attention backend can run it is known once the backends exist
-        (:meth:`_resolve_ragged`, at start-up in :meth:`init_cuda_graphs`)."""
-        self._ragged = None
-        self._ragged_resolved = False
-        if self._config.ragged_verify and self.max_width > 1:
-            self._ragged = RaggedVerify()
-
-    def _resolve_ragged(self) -> None:
-        """One start-up line: the verify is ragged, or padded and why."""
-        if self._ragged_resolved:
-            return
-        self._ragged_resolved = True
-        if self._ragged is None:
-            logger.info("SUFFIX: verify padded to the batch's width (SGLANG_SPEC_EXT_RAGGED_"
-                        "VERIFY=0 or width 1)")  # fmt: skip
-            return
-        problem = ragged_backend_problem(self.model_runner)
-        if problem is not None:
-            self._ragged = None
-            logger.info("SUFFIX: verify padded: %s (SGLANG_SPEC_EXT_RAGGED_VERIFY=0 silences "
-                        "this line's reason).", problem)  # fmt: skip
-            return
-        logger.info("SUFFIX: verify ragged: each request's target verify covers its own draft "
-                    "(a ragged step runs the verify forward eagerly)")  # fmt: skip
-
     @classmethod
     def drafting_only(cls, use_tree: bool | None = None) -> SuffixWorker:
         """The drafter and its request sessions without the host worker: what HYBRID
@@ -177,6 +155,7 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
         self._step_drafts = 0
         self._staged: tuple[np.ndarray, np.ndarray] | None = None
         self._ragged: RaggedVerify | None = None  # set by __init__ (_init_ragged)
+        self._ragged_resolved = False
         self._config = config  # the bounds the metrics report
         self.corpora = CorpusStore(self, config.max_corpus_tokens)
         self._init_sessions(config)  # suffix_sessions.py (and a snapshot's warm restart)
@@ -213,30 +192,6 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
                 if 1 < longest < self.draft_token_num:
                     return self._shorter_step(batch, longest, on_publish, pp_proxy_tensors)
         return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
-
-    def _shorter_step(self, batch: Any, width: int, on_publish, pp_proxy_tensors) -> Any:
-        """Ragged verify where no request's draft needs the whole width: the host's verify
-        at the batch's longest draft (its root included), so the verify input, the
-        sampler's logits and the padding the host still builds shrink with it; the drafts
-        are the staged ones cut to their first ``width`` rows (every real node is among
-        them, padding follows), the relay padded back to the width of the step."""
-        tokens, mask = self._staged
-        bs, full = len(batch.reqs), self.draft_token_num
-        self._staged = (
-            tokens.reshape(bs, full)[:, :width].reshape(-1),
-            mask.reshape(bs, full, full)[:, :width, :width].reshape(-1),
-        )
-        self._use_width(width)
-        self._ragged.padded_width = full
-        try:
-            result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
-        finally:
-            self._staged = None
-            self._ragged.padded_width = None
-            self._use_width(full)
-        if result.next_draft_input is not None:
-            self._pad_relay(result.next_draft_input, bs, width, to=full)
-        return result
 
     def init_cuda_graphs(self) -> None:
         """After the target's graphs (the scheduler's order): where the startup width has
@@ -309,32 +264,6 @@ class SuffixWorker(DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin,
         if departed:
             self.ngram_corpus.erase_match_state(list(departed))
         self._prev_decode_rids = cur_rids
-
-    # -- ragged verify (verify/ragged.py) ----------------------------------------------
-    @property
-    def target_worker(self) -> Any:
-        """The target worker; during a ragged verify step, its compact-forward wrapper."""
-        ragged = getattr(self, "_ragged", None)
-        if ragged is None:
-            return self._target_worker
-        return ragged.target(self._target_worker)
-
-    def _prepare_for_speculative_decoding(self, batch: Any) -> None:
-        super()._prepare_for_speculative_decoding(batch)
-        self._resolve_ragged()
-        if self._ragged is not None:
-            self._ragged.plan(batch, self.draft_token_num)
-
-    def _set_lens(self, trees: list[DraftTree]) -> None:
-        self._step_drafts = sum(len(t.parents) for t in trees)
-        if self._ragged is not None:
-            self._ragged.set_lens(draft_lens([len(t.parents) for t in trees], self.draft_token_num))
-
-    def drafter_stats(self) -> dict:
-        stats = super().drafter_stats()
-        if getattr(self, "_ragged", None) is not None:
-            stats.update(self._ragged.stats_dict())
-        return stats
 
     # -- the draft source (the host NGRAM hooks we replace) ---------------------------
     def _prepare_draft_tokens(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,116 @@
+"""Ragged verify in the SUFFIX worker: each request's own draft through the target.
+
+The mechanism is ``sglang/verify/ragged.py`` (compact target forward, padding cut off the
+trees, logits scattered back); this mixin wires it into :class:`~.suffix_worker.SuffixWorker`
+(and adaptive SUFFIX): whether the step is ragged (the setting, the target's attention
+backend, LoRA), the lengths each step's drafts set, the target worker the host's NGRAM
+verify calls, and the step verified at the batch's longest draft instead of the whole
+width.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sglang_spec_ext.sglang.verify.ragged import RaggedVerify, draft_lens, ragged_backend_problem
+from sglang_spec_ext.suffix.draft import DraftTree
+
+logger = logging.getLogger("sglang_spec_ext")
+
+
+class RaggedStepsMixin:
+    """Ragged verify for a SUFFIX worker (see the module doc). The worker sets ``_ragged``
+    and ``_ragged_resolved`` (``_init_drafter``), then calls :meth:`_init_ragged`."""
+
+    _ragged: RaggedVerify | None
+    _ragged_resolved: bool
+    _step_drafts: int
+    draft_token_num: int
+    max_width: int
+
+    def _init_ragged(self) -> None:
+        """Ragged verify (``verify/ragged.py``) if the setting asks for it; whether the
+        target's attention backend can run it is known once the backends exist
+        (:meth:`_resolve_ragged`, at start-up in :meth:`init_cuda_graphs`)."""
+        self._ragged = None
+        self._ragged_resolved = False
+        if self._config.ragged_verify and self.max_width > 1:
+            self._ragged = RaggedVerify()
+
+    def _resolve_ragged(self) -> None:
+        """One start-up line: the verify is ragged, or padded and why."""
+        if self._ragged_resolved:
+            return
+        self._ragged_resolved = True
+        if self._ragged is None:
+            logger.info("SUFFIX: verify padded to the batch's width (SGLANG_SPEC_EXT_RAGGED_"
+                        "VERIFY=0 or width 1)")  # fmt: skip
+            return
+        problem = ragged_backend_problem(self.model_runner) or _lora_problem(self)
+        if problem is not None:
+            self._ragged = None
+            logger.info("SUFFIX: verify padded: %s (SGLANG_SPEC_EXT_RAGGED_VERIFY=0 silences "
+                        "this line's reason).", problem)  # fmt: skip
+            return
+        logger.info("SUFFIX: verify ragged: each request's target verify covers its own draft "
+                    "(a ragged step runs the verify forward eagerly)")  # fmt: skip
+
+    def _shorter_step(self, batch: Any, width: int, on_publish, pp_proxy_tensors) -> Any:
+        """Ragged verify where no request's draft needs the whole width: the host's verify
+        at the batch's longest draft (its root included), so the verify input, the
+        sampler's logits and the padding the host still builds shrink with it; the drafts
+        are the staged ones cut to their first ``width`` rows (every real node is among
+        them, padding follows), the relay padded back to the width of the step."""
+        tokens, mask = self._staged
+        bs, full = len(batch.reqs), self.draft_token_num
+        self._staged = (
+            tokens.reshape(bs, full)[:, :width].reshape(-1),
+            mask.reshape(bs, full, full)[:, :width, :width].reshape(-1),
+        )
+        self._use_width(width)
+        self._ragged.padded_width = full
+        try:
+            result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
+        finally:
+            self._staged = None
+            self._ragged.padded_width = None
+            self._use_width(full)
+        if result.next_draft_input is not None:
+            self._pad_relay(result.next_draft_input, bs, width, to=full)
+        return result
+
+    @property
+    def target_worker(self) -> Any:
+        """The target worker; during a ragged verify step, its compact-forward wrapper."""
+        ragged = getattr(self, "_ragged", None)
+        if ragged is None:
+            return self._target_worker
+        return ragged.target(self._target_worker)
+
+    def _prepare_for_speculative_decoding(self, batch: Any) -> None:
+        super()._prepare_for_speculative_decoding(batch)
+        self._resolve_ragged()
+        if self._ragged is not None:
+            self._ragged.plan(batch, self.draft_token_num)
+
+    def _set_lens(self, trees: list[DraftTree]) -> None:
+        self._step_drafts = sum(len(t.parents) for t in trees)
+        if self._ragged is not None:
+            self._ragged.set_lens(draft_lens([len(t.parents) for t in trees], self.draft_token_num))
+
+    def drafter_stats(self) -> dict:
+        stats = super().drafter_stats()
+        if getattr(self, "_ragged", None) is not None:
+            stats.update(self._ragged.stats_dict())
+        return stats
+
+
+def _lora_problem(worker: Any) -> str | None:
+    """LoRA serving maps adapters to the verify's uniform rows per request."""
+    args = getattr(worker, "server_args", None)
+    if args is not None and (
+        getattr(args, "enable_lora", None) or getattr(args, "lora_paths", None)
+    ):
+        return "LoRA serving (--enable-lora / --lora-paths) maps adapters onto uniform verify rows"
+    return None
