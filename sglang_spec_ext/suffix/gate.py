@@ -227,7 +227,8 @@ class DraftGate:
     ) -> list[DraftTree]:
         """Ragged verify: each draft cut to the nodes worth their verify cost at this
         step (``suffix/lengths.py``: the batch's most probable nodes, acceptance
-        calibrated per node by :attr:`nodes`, against the fitted step cost); empty drafts
+        calibrated per node by :attr:`nodes` as a product of chances given the parent,
+        against the fitted step cost); empty drafts
         everywhere make a plain step. Records every draft for the acceptance tables, as
         :meth:`decide` does, and keeps it whole to label its nodes with what the request
         commits next."""

@@ -14,9 +14,9 @@ verified node. Tokens per second is maximised by the ``k`` most probable nodes f
 set keeps every chosen node's parent (ties go to the lower index, the parent); a node
 whose parent was not chosen is dropped all the same. ``k = 0`` is a plain step.
 
-:class:`NodeCalibration` turns the drafter's path probabilities into acceptance
-probabilities, per probability bin, from the tokens requests commit (the drafter's own
-are far too confident on text it has seen once: a single continuation reads as 1).
+:class:`NodeCalibration` turns the drafter's probabilities into acceptance probabilities
+from the tokens requests commit, as a chance given the parent (the drafter's own are far
+too confident on text it has seen once: a single continuation reads as 1).
 
 :class:`VerifyCost` learns ``t0``, ``e`` and ``b`` from timed steps: least squares of step
 time on ``(1, bs, [D > 0], D)`` over a bounded window of recent steps; until the window holds both
@@ -53,16 +53,29 @@ def match_bucket(match_len: int) -> int:
     return len(MATCH_EDGES)
 
 
+def conditional_probs(tree: DraftTree) -> np.ndarray:
+    """Each node's drafter probability given its parent (path probability over the
+    parent's; the root's children: their own), in [0, 1]."""
+    n = min(len(tree.tokens), len(tree.parents), len(tree.probs))
+    probs = np.clip(np.asarray(tree.probs[:n], dtype=np.float64), 0.0, 1.0)
+    parents = np.asarray(tree.parents[:n], dtype=np.int64)
+    above = np.where(parents >= 0, probs[np.maximum(parents, 0)], 1.0)
+    return np.where(above > 0, np.minimum(probs / np.maximum(above, 1e-12), 1.0), 0.0)
+
+
 @dataclass
 class NodeCalibration:
-    """The chance a draft node is accepted, per bin of the drafter's own path probability
-    and per match-length bucket of its draft, learned from what requests commit. Every
-    node whose fate the committed tokens decide is an observation, verified or not: on
-    the target's path (accepted, or would have been), or off it; nodes below the deepest
-    committed token on the path stay unknown. A probability bin's pooled rate (before
-    evidence, what the drafter says) is the prior of its match-length cells
-    (``prior_weight`` pseudo-counts each): a draft matched on a long repeated suffix is
-    accepted far more often than one of the same probability on a short match."""
+    """The chance a draft node is accepted, learned from what requests commit.
+
+    Learned as the chance a node is accepted *given its parent was* (its conditional:
+    the drafter's own conditional probability, per probability bin and per match-length
+    bucket of its draft), and a node's acceptance is the product along its path. So what
+    the shallow nodes of a long repeated match teach applies to its deep ones, which a
+    cut draft never shows the target. An observation is every node whose parent is on
+    the target's path (or the root) and whose token the committed tokens decide,
+    verified or not (accepted, or would have been; or not). A probability bin's pooled
+    rate (before evidence, what the drafter says) is the prior of its match-length cells
+    (``prior_weight`` pseudo-counts each)."""
 
     prior_weight: float = 2.0
     seen: np.ndarray = field(default_factory=lambda: np.zeros(PROB_BINS))
@@ -74,7 +87,9 @@ class NodeCalibration:
     def _bins(raw: np.ndarray) -> np.ndarray:
         return np.minimum((np.clip(raw, 0.0, 1.0) * PROB_BINS).astype(np.int64), PROB_BINS - 1)
 
-    def calibrate(self, raw: np.ndarray, match_len: int = 0) -> np.ndarray:
+    def conditional(self, raw: np.ndarray, match_len: int = 0) -> np.ndarray:
+        """Calibrated chance a node is accepted given its parent was, from the drafter's
+        conditional probabilities ``raw`` of a draft matched on ``match_len`` tokens."""
         raw = np.clip(np.asarray(raw, dtype=np.float64), 0.0, 1.0)
         b = self._bins(raw)
         m = match_bucket(match_len)
@@ -82,27 +97,32 @@ class NodeCalibration:
         pooled = (self.hits[b] + w * raw) / (self.seen[b] + w)
         return (self.cell_hits[m, b] + w * pooled) / (self.cell_seen[m, b] + w)
 
+    def calibrate(self, tree: DraftTree) -> np.ndarray:
+        """Calibrated acceptance probability of each node of ``tree`` (never above its
+        parent's: a product of conditionals along the path)."""
+        cond = self.conditional(conditional_probs(tree), tree.match_len)
+        out = np.empty_like(cond)
+        for i, parent in enumerate(tree.parents[: cond.size]):
+            out[i] = cond[i] * (out[parent] if parent >= 0 else 1.0)
+        return out
+
     def observe(self, tree: DraftTree, committed: Sequence[int]) -> int:
         """Label ``tree``'s nodes with the tokens its request committed next (the accepted
         drafts and the bonus token of a verify step; one token of a plain step). Returns
-        the number of nodes labelled."""
-        n = min(len(tree.tokens), len(tree.parents), len(tree.probs))
+        the number of nodes labelled (those whose parent is on the target's path)."""
+        cond = conditional_probs(tree)
+        n = cond.size
+        on_path = [False] * n
         depth = [0] * n
-        state = [0] * n  # 1: on the target's path, 0: off it, -1: not decided
         raw, label = [], []
         for i in range(n):
             parent = tree.parents[i]
             depth[i] = 1 if parent < 0 else depth[parent] + 1
-            above = 1 if parent < 0 else state[parent]
-            if above == 0:  # an ancestor left the target's path: rejected
-                state[i] = 0
-            elif above < 0 or depth[i] > len(committed):
-                state[i] = -1
-                continue
-            else:
-                state[i] = int(int(committed[depth[i] - 1]) == int(tree.tokens[i]))
-            raw.append(tree.probs[i])
-            label.append(state[i] == 1)
+            if (parent >= 0 and not on_path[parent]) or depth[i] > len(committed):
+                continue  # its parent was rejected, or not decided yet
+            on_path[i] = int(committed[depth[i] - 1]) == int(tree.tokens[i])
+            raw.append(cond[i])
+            label.append(on_path[i])
         if raw:
             b = self._bins(np.asarray(raw, dtype=np.float64))
             hit = np.asarray(label, dtype=np.float64)
@@ -115,7 +135,7 @@ class NodeCalibration:
 
     def stats(self) -> dict[str, object]:
         rate = np.where(self.seen > 0, self.hits / np.maximum(self.seen, 1), np.nan)
-        return {"lengths_node_acceptance_by_prob_bin": [
+        return {"lengths_conditional_acceptance_by_prob_bin": [
             None if np.isnan(r) else round(float(r), 3) for r in rate]}  # fmt: skip
 
 
@@ -197,14 +217,15 @@ def best_count(probs: np.ndarray, bs: int, t0: float, b: float, e: float = 0.0) 
 
 def trim_trees(
     trees: Sequence[DraftTree],
-    calibrate: Callable[[np.ndarray, int], np.ndarray],
+    calibrate: Callable[[DraftTree], np.ndarray],
     t0: float,
     b: float,
     e: float = 0.0,
 ) -> list[DraftTree]:
     """Each tree cut to its nodes among the batch's best ``k`` (see the module doc).
-    ``calibrate(probs, match_len)`` maps a draft's path probabilities to acceptance
-    probabilities (e.g. :meth:`NodeCalibration.calibrate`)."""
+    ``calibrate(tree)`` gives each node's acceptance probability, never above its
+    parent's (e.g. :meth:`NodeCalibration.calibrate`); trees without probabilities are
+    left whole."""
     bs = len(trees)
     sizes = [len(t) for t in trees]
     total = sum(sizes)
@@ -214,10 +235,10 @@ def trim_trees(
     owner = np.repeat(np.arange(bs), sizes)
     start = 0
     for tree, n in zip(trees, sizes, strict=True):
-        raw = np.asarray(tree.probs[:n], dtype=np.float64) if len(tree.probs) >= n else None
-        if raw is None:  # no probabilities: the draft's score spread evenly
-            raw = np.full(n, float(tree.score) / max(n, 1))
-        probs[start : start + n] = np.clip(calibrate(raw, tree.match_len), 0.0, 1.0)
+        if len(tree.probs) >= n:
+            probs[start : start + n] = np.clip(calibrate(tree)[:n], 0.0, 1.0)
+        else:  # no probabilities: the draft's score spread evenly
+            probs[start : start + n] = min(float(tree.score) / max(n, 1), 1.0)
         start += n
     index = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     order = np.lexsort((index, owner, -probs))  # most probable first; parents first on ties

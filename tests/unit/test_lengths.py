@@ -17,6 +17,7 @@ from sglang_spec_ext.suffix.lengths import (
     VerifyCost,
     _subtree,
     best_count,
+    conditional_probs,
     trim_trees,
 )
 
@@ -27,7 +28,7 @@ def _chain(probs: list[float], match_len: int = 8) -> DraftTree:
                      probs=probs, score=sum(probs), match_len=match_len)  # fmt: skip
 
 
-SAME = lambda p, _match_len: p  # noqa: E731 - the drafter's probabilities as they are
+SAME = lambda tree: np.asarray(tree.probs)  # noqa: E731 - the drafter's probabilities as they are
 
 
 def _throughput(bs: int, chosen: list[float], t0: float, b: float) -> float:
@@ -70,29 +71,46 @@ def test_cheap_verify_keeps_everything_dear_verify_nothing():
 def test_calibration_moves_the_cut():
     trees = [_chain([0.5, 0.4])]
     # Halved, both nodes fall below what the step costs; doubled (capped at 1) both pay.
-    assert len(trim_trees(trees, lambda p, _m: p * 0.4, t0=1.0, b=0.5)[0]) == 0
-    assert len(trim_trees(trees, lambda p, _m: p * 2.0, t0=1.0, b=0.5)[0]) == 2
+    assert len(trim_trees(trees, lambda t: np.asarray(t.probs) * 0.4, t0=1.0, b=0.5)[0]) == 0
+    assert len(trim_trees(trees, lambda t: np.asarray(t.probs) * 2.0, t0=1.0, b=0.5)[0]) == 2
 
 
-def test_node_calibration_labels_what_the_committed_tokens_decide():
+def test_node_calibration_learns_acceptance_given_the_parent():
     cal = NodeCalibration(prior_weight=2.0)
     # root -> 10 (p .9) -> 11 (p .85) -> 12 (p .8); root -> 20 (p .1) -> 21 (p .05)
     tree = DraftTree(tokens=[10, 11, 12, 20, 21], parents=[-1, 0, 1, -1, 3],
                      probs=[0.9, 0.85, 0.8, 0.1, 0.05], score=2.7, match_len=5)  # fmt: skip
-    # The target committed 10 then 99 (node 11 rejected): 10 on the path; 11, 20 off it;
-    # 21 below an off-path node; 12 below 11 (rejected) is off too.
-    assert cal.observe(tree, [10, 99]) == 5
-    assert cal.seen.sum() == 5 and cal.hits.sum() == 1
-    assert cal.hits[9] == 1 and cal.seen[8] == 2  # 0.9 accepted; 0.85 and 0.8 not
-    # Only the first token known: 11 and 12 stay unknown (their parent is on the path).
-    cal2 = NodeCalibration()
-    assert cal2.observe(tree, [10]) == 3
-    # Calibrated: the 0.8-0.9 bin saw 0 of 2, pulled from 0.85 towards 0.
-    assert cal.calibrate(np.array([0.85]))[0] == pytest.approx(2 * 0.85 / 4)
-    assert cal.stats()["lengths_node_acceptance_by_prob_bin"][9] == 1.0
-    # Per match-length cell: this draft's bucket (match 5) has the 0.9 node's hit, so a
-    # 0.9 node of a match-5 draft is likelier than one of an unseen bucket's.
-    assert cal.calibrate(np.array([0.9]), 5)[0] > cal.calibrate(np.array([0.9]), 40)[0]
+    assert conditional_probs(tree) == pytest.approx([0.9, 0.85 / 0.9, 0.8 / 0.85, 0.1, 0.5])
+    # The target committed 10 then 99: 10 accepted (its parent, the root, is on the path),
+    # 11 rejected (parent 10 on the path), 20 rejected; 12 and 21 have rejected parents:
+    # no observation of their conditional.
+    assert cal.observe(tree, [10, 99]) == 3
+    assert cal.seen.sum() == 3 and cal.hits.sum() == 1
+    # Only the first token known: 10 and 20 observed; 11 (parent on the path) undecided.
+    assert NodeCalibration().observe(tree, [10]) == 2
+    # Calibrated acceptance is a product along the path, never above the parent's.
+    p = cal.calibrate(tree)
+    assert all(p[i] <= p[par] for i, par in enumerate(tree.parents) if par >= 0)
+    # Bin 0.9-1 saw 1 of 2 (pooled, with the prior: (1 + 2 x 0.9) / 4 = 0.7); the match-5
+    # cell saw the same 1 of 2 on top of that prior: (1 + 2 x 0.7) / 4 = 0.6; another
+    # bucket keeps the pooled rate.
+    fresh = DraftTree(tokens=[10], parents=[-1], probs=[0.9], score=0.9, match_len=40)
+    same_bucket = DraftTree(tokens=[10], parents=[-1], probs=[0.9], score=0.9, match_len=5)
+    assert cal.calibrate(fresh)[0] == pytest.approx(0.7)
+    assert cal.calibrate(same_bucket)[0] == pytest.approx(0.6)
+    assert cal.stats()["lengths_conditional_acceptance_by_prob_bin"][9] == 0.5
+
+
+def test_what_shallow_nodes_teach_reaches_deep_ones():
+    """A long repeated match: its first nodes keep being accepted, so a deep node of the
+    same conditional probability is rated high although no cut draft ever showed it."""
+    cal = NodeCalibration()
+    chain = _chain([0.5 ** (i + 1) for i in range(8)], match_len=40)  # conditionals 0.5
+    before = cal.calibrate(chain)[-1]
+    for _ in range(30):  # the first two nodes verified and accepted, the bonus matches too
+        cal.observe(_subtree(chain, np.array([True, True] + [False] * 6)), [10, 11, 12])
+    after = cal.calibrate(chain)
+    assert after[-1] > 100 * before and after[-1] > 0.5
 
 
 def test_subtree_keeps_only_nodes_whose_ancestors_are_kept():
@@ -114,7 +132,9 @@ def test_trim_never_keeps_a_node_without_its_parent():
         tree = DraftTree(tokens=list(range(n)), parents=parents, probs=probs,
                          score=sum(probs), match_len=3)  # fmt: skip
         scale = rng.uniform(0.5, 2)
-        cut = trim_trees([tree], lambda p, _m, s=scale: p * s, 1.0, rng.uniform(0.01, 0.5))[0]
+        cut = trim_trees(
+            [tree], lambda t, s=scale: np.asarray(t.probs) * s, 1.0, rng.uniform(0.01, 0.5)
+        )[0]
         assert all(-1 <= p < i for i, p in enumerate(cut.parents))
         assert len(cut) <= n
 
@@ -149,8 +169,9 @@ def test_gate_trim_learns_node_acceptance_from_commits():
     assert len(cut) == 4  # the prior prices a node at 0.1 / 7 of a plain step
     # The request commits 2 of the 4 drafted tokens and the bonus: 2 hits, 2 misses.
     gate.on_committed("r", [10, 11, 99])
-    assert gate.nodes.seen[9] == 4 and gate.nodes.hits[9] == 2
-    assert gate.nodes.calibrate(np.array([0.9]))[0] == pytest.approx((2 + 1.8) / 6)
+    # Conditionals 0.9, 1, 1, 1: node 1 (bin 9) accepted; node 2 (bin 9) accepted; node 3
+    # rejected; node 4's parent rejected: no observation.
+    assert gate.nodes.seen[9] == 3 and gate.nodes.hits[9] == 2
     stats = gate.stats()
     assert stats["lengths_nodes_drafted"] == 4 and stats["lengths_nodes_verified"] == 4
     gate.forget("r")
