@@ -162,7 +162,25 @@ def _expected_figures() -> dict[str, list[str]]:
     acc, graphs = ({k: r["accept_length"] for k, r in mtp[m]["results"].items() if k != "plain"}
                    for m in ("eager", "graphs"))  # fmt: skip
     assert acc == graphs  # the row gives one figure for both modes
+    ragged = _load("ragged_smollm2.json")["results"]
+    assert all(v["identical_to_plain"] for lv in ragged.values() for v in lv.values())
+    r64 = {
+        k: ragged[k]["64"]["vs_plain"]
+        for k in ("SUFFIX ragged", "SUFFIX padded", "adaptive padded")
+    }
+
+    def over_best(c: str) -> float:
+        best = max(ragged[k][c]["goodput_tok_s"] for k in ("SUFFIX padded", "adaptive padded"))
+        return ragged["SUFFIX ragged"][c]["goodput_tok_s"] / best
+
     return {
+        "ragged_smollm2.json": [
+            f"{r64['SUFFIX ragged']:.2f}x plain, against {r64['SUFFIX padded']:.2f}x for padded "
+            f"SUFFIX and {r64['adaptive padded']:.2f}x for the width controller",
+            f"{min(over_best('1'), over_best('4')):.2f}-{max(over_best('1'), over_best('4')):.2f}x "
+            "the better of the two at concurrency 1-4",
+            f"{over_best('16'):.2f}x the controller at 16",
+        ],
         "hybrid_smollm2_mtp.json": [
             f"{acc['HYBRID']:.2f} vs {acc['NEXTN']:.2f} for MTP alone (NEXTN), "
             f"{acc['HYBRID'] / acc['NEXTN']:.2f}x",
