@@ -36,7 +36,7 @@ indices are copied to the device once per step, non-blocking.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -98,7 +98,6 @@ class RaggedPlan:
     lens: list[int]
     width: int
     keep: torch.Tensor  # [sum L] int64 indices into the bs * W rows
-    saved: dict[str, Any] = field(default_factory=dict)
 
 
 class RaggedVerify:
