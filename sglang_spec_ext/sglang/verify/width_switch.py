@@ -80,6 +80,27 @@ class WidthSwitchMixin:
             backends = self._verify_backends = VerifyWidthBackends(runner, self.max_width)
         backends.activate(width)
 
+    def _verify_at_width(
+        self, batch: Any, width: int, staged: tuple[Any, Any], on_publish, pp_proxy_tensors
+    ) -> Any:
+        """One decode step of the host's NGRAM verify at ``width`` with the drafts
+        ``staged`` (tokens, mask in that width's layout), then back to the width the
+        worker had; the relay padded back to that width. SUFFIX's width-1 steps with no
+        draft and its ragged steps at the batch's longest draft."""
+        back = self.draft_token_num
+        self._use_width(width)
+        try:
+            self._staged = staged
+            result = super().forward_batch_generation(  # type: ignore[misc]
+                batch, on_publish, pp_proxy_tensors
+            )
+        finally:
+            self._staged = None
+            self._use_width(back)
+        if result.next_draft_input is not None:
+            self._pad_relay(result.next_draft_input, len(batch.reqs), width, to=back)
+        return result
+
     def _pad_relay(self, draft_input: Any, bs: int, width: int, to: int | None = None) -> None:
         """Relayed accepted tokens at the startup stride (overlap scheduling), or at
         ``to`` (a step inside a step of that width: ragged verify under adaptive SUFFIX)."""

@@ -64,21 +64,15 @@ class RaggedStepsMixin:
         them, padding follows), the relay padded back to the width of the step."""
         tokens, mask = self._staged
         bs, full = len(batch.reqs), self.draft_token_num
-        self._staged = (
+        staged = (
             tokens.reshape(bs, full)[:, :width].reshape(-1),
             mask.reshape(bs, full, full)[:, :width, :width].reshape(-1),
         )
-        self._use_width(width)
         self._ragged.padded_width = full
         try:
-            result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
+            return self._verify_at_width(batch, width, staged, on_publish, pp_proxy_tensors)
         finally:
-            self._staged = None
             self._ragged.padded_width = None
-            self._use_width(full)
-        if result.next_draft_input is not None:
-            self._pad_relay(result.next_draft_input, bs, width, to=full)
-        return result
 
     @property
     def target_worker(self) -> Any:

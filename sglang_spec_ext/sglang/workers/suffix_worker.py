@@ -233,16 +233,8 @@ class SuffixWorker(
         """A decode step with no draft for any request, where a verify graph runs it: the
         host's verify at width 1 (roots only) on the width-1 graphs, the relay padded
         back to the startup width."""
-        bs = len(batch.reqs)
-        self._use_width(1)
-        try:
-            self._staged = (roots.numpy().astype(np.int64), np.ones(bs, dtype=bool))
-            result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
-        finally:
-            self._staged = None
-            self._use_width(self.max_width)
-        if result.next_draft_input is not None:
-            self._pad_relay(result.next_draft_input, bs, 1)
+        staged = (roots.numpy().astype(np.int64), np.ones(len(batch.reqs), dtype=bool))
+        result = self._verify_at_width(batch, 1, staged, on_publish, pp_proxy_tensors)
         plain_step.STATS.count(False, narrow=True)
         return result
 
