@@ -26,6 +26,11 @@ PROBE_SITE = GPU_DIR / "probe_site"
 GPU_ENV: dict[str, str] = {
     "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",  # carried 0.4.5 (or the fallback), pin 0.4.10
     "SGLANG_RUST_BUILD_MODE": "never",  # a pruned Rust extension must never start cargo
+    # The carried radix tree's Rust core rejected the int64 KV indices of a CUDA tensor
+    # ("insert value must be an int64 tensor, got Int8") under the image's torch 2.11
+    # (sglang pins 2.14.1): every bf16 server died at its first finished request in the
+    # second GPU run. The host's own Python tree core instead.
+    "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "PYTHONUNBUFFERED": "1",
@@ -84,12 +89,31 @@ def extract_carry(layout: Layout) -> dict[str, Any]:
         subprocess.run(["tar", "-xJf", str(path), "-C", str(dest)], check=True)
         report[archive] = {"mib": round(path.stat().st_size / 2**20, 2),
                            "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
+    report["site_overrides"] = overlay_site(layout)
     manifest = layout.carry / "manifest.json"
     if manifest.is_file():
         m = json.loads(manifest.read_text())
         report["manifest"] = {"made": m.get("made"), "wheels": [w["wheel"] for w in m["wheels"]],
                               "sgl_kernel": m.get("sgl_kernel")}  # fmt: skip
     return report
+
+
+def overlay_site(layout: Layout) -> list[str]:
+    """Copy ``gpu/shims/site_overrides/`` over the unpacked site (modules of the carried
+    sglang that cannot run on the lent image, each replaced by a stand-in that says why)."""
+    overrides = SHIMS / "site_overrides"
+    if not layout.site.is_dir() or not overrides.is_dir():
+        return []
+    done = []
+    for src in sorted(overrides.rglob("*.py")):
+        rel = src.relative_to(overrides)
+        dest = layout.site / rel
+        if not dest.parent.is_dir():
+            continue
+        dest.unlink(missing_ok=True)  # a hard-linked tree keeps its original
+        shutil.copyfile(src, dest)
+        done.append(str(rel))
+    return done
 
 
 def start_plugin_build(layout: Layout, native: bool = True) -> subprocess.Popen:

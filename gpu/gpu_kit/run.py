@@ -200,6 +200,11 @@ class Kit:
         if probe:
             senv["GPU_KIT_PROBE_OUT"] = str(self.probe_out(label))
             senv["GPU_KIT_PROBE_CTL"] = str(self.probe_out(label).with_suffix(".ctl"))
+        if dtype == "float32" and not self.dry:
+            # sglang-kernel 0.4.5's rmsnorm dispatches half/bf16 only ("failed to dispatch
+            # data type Float": the second GPU run's fp32 parity servers died on it), so
+            # fp32 servers take the kit's pure-torch norms.
+            senv["GPU_KIT_SGL_KERNEL"] = "fallback"
         if self.dry and gpu_path:
             senv |= {"SGLANG_SPEC_EXT_CPU_OVERLAP": "1", "SGLANG_SPEC_EXT_CPU_GRAPHS": "1"}
         plugin = algo in ("SUFFIX", "HYBRID")
@@ -217,7 +222,8 @@ class Kit:
             env |= GPU_ENV
             env["SGLANG_JIT_CACHE_DIR"] = str(self.layout.jit_cache)
             env["TRITON_CACHE_DIR"] = str(self.layout.triton_cache)
-        paths = [*first, *pythonpath(self.layout, spec, self.kernel, self.dry), *old]
+        kernel = dict(spec.env).get("GPU_KIT_SGL_KERNEL", self.kernel) if spec else self.kernel
+        paths = [*first, *pythonpath(self.layout, spec, kernel, self.dry), *old]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
         env |= dict(spec.env) if spec else {}
         return env

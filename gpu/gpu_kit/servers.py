@@ -67,9 +67,13 @@ class Server:
             log.write(("$ " + " ".join(cmd) + "\n").encode())
             log.flush()
             self.started_at = time.monotonic()
+            # Not the repository root: ``python -m`` puts the working directory first on
+            # sys.path, so the travelling source tree (no compiled suffix core) shadowed
+            # the plugin pip built, and the second GPU run's SUFFIX servers drafted with
+            # the pure-Python drafter.
             self.proc = subprocess.Popen(
                 cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.log_path.parent,
             )  # fmt: skip
 
     def wait_ready(self, timeout_s: float) -> Server:

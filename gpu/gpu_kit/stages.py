@@ -91,6 +91,10 @@ def stage_parity(kit: Any, rec: dict[str, Any]) -> None:
     specs["NGRAM"] = kit.spec("NGRAM", geo, "float32", algo="NGRAM", width=8, **common)
     rec["geometry"], rec["dtype"], rec["server_env"] = geo, "float32", env
     rec["extra_args"] = list(extra)
+    if not kit.dry:
+        rec["sgl_kernel"] = (
+            "the kit's fallback (pure-torch norms): sglang-kernel 0.4.5 has no fp32 rmsnorm"
+        )
     rec["gpu_path"] = "CUDA graphs + overlap (host defaults)" if not kit.dry else kit.dry_path
     rec["ready_s"], rec["results"] = {}, {}
     vocab = GEOMETRIES[geo]["vocab_size"]
@@ -295,6 +299,13 @@ def stage_toks(kit: Any, rec: dict[str, Any]) -> None:
                for bs, c in row.items() if "tok_s" in c and "tok_s" in plain.get(bs, {})}
         for name, row in rec["table"].items() if name != "plain"
     }  # fmt: skip
+    cells = {}
+    for name, row in rec["table"].items():
+        if "error" in row:  # the server never came up
+            cells[name] = row
+        else:
+            cells |= {f"{name}/{bs}": cell for bs, cell in row.items()}
+    _fail_on_errors("toks", cells)
 
 
 def _capture_lines(log: str) -> list[str]:
@@ -322,6 +333,15 @@ def stage_adaptive(kit: Any, rec: dict[str, Any]) -> None:
         }
         kit.pool.stop_all()
         kit.save()
+    _fail_on_errors("adaptive", rec["servers"])
+
+
+def _fail_on_errors(stage: str, cells: dict[str, Any]) -> None:
+    """A stage whose cells hold errors is failed, not passed (the first GPU run recorded
+    'toks' and 'adaptive' as passed with every server dead); its figures stay."""
+    bad = sorted(k for k, v in cells.items() if isinstance(v, dict) and "error" in v)
+    if bad:
+        raise RuntimeError(f"{stage}: cells failed: {bad}")
 
 
 def gpu_memory_used_mib() -> int | None:

@@ -233,7 +233,53 @@ def test_every_gpu_server_command_parses_with_the_hosts_arguments(tmp_path: Path
         assert parsed.cuda_graph_backend_prefill == "disabled"
         if spec.plugin:
             assert parsed.speculative_algorithm in ("SUFFIX", "HYBRID")
-    assert dict(next(s for s in seen if s.label == "plain").env) == {"TRITON_F32_DEFAULT": "ieee"}
+    plain = next(s for s in seen if s.label == "plain")
+    # fp32 parity servers take the pure-torch norms (sglang-kernel 0.4.5: no fp32 rmsnorm)
+    assert dict(plain.env) == {"TRITON_F32_DEFAULT": "ieee", "GPU_KIT_SGL_KERNEL": "fallback"}
+    kit.kernel = "carried"
+    fp32_path = kit.server_env(plain)["PYTHONPATH"]
+    bf16 = next(s for s in seen if s.label == "plain-timing")
+    bf16_env = kit.server_env(bf16)
+    assert "sgl_kernel_fallback" in fp32_path and "sgl_kernel_site" not in fp32_path
+    assert "sgl_kernel_site" in bf16_env["PYTHONPATH"]
+    assert "sgl_kernel_fallback" not in bf16_env["PYTHONPATH"]
+    assert bf16_env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "python"
+
+
+def test_site_overrides_replace_modules_without_touching_a_linked_original(
+    tmp_path: Path,
+) -> None:
+    """gpu/run overlays gpu/shims/site_overrides on the carried sglang (modules the lent
+    image cannot import: cutlass-dsl's dual GEMM, FlashMLA); a hard-linked tree's original
+    file must stay as it was."""
+    import importlib.util
+
+    from gpu_kit.install import SHIMS, Layout, overlay_site
+
+    layout = Layout(tmp_path / "work", tmp_path / "carry")
+    original = tmp_path / "orig.py"
+    original.write_text("import cutlass\n")
+    gemm = layout.site / "sglang/kernels/ops/gemm"
+    (layout.site / "sglang/kernels/ops/attention").mkdir(parents=True)
+    gemm.mkdir(parents=True)
+    os.link(original, gemm / "cutedsl_dual_gemm.py")
+    done = overlay_site(layout)
+    assert done == ["sglang/kernels/ops/attention/flash_mla_interface.py",
+                    "sglang/kernels/ops/gemm/cutedsl_dual_gemm.py"]  # fmt: skip
+    assert original.read_text() == "import cutlass\n"
+    for rel in done:
+        spec = importlib.util.spec_from_file_location("m", layout.site / rel)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        if rel.endswith("cutedsl_dual_gemm.py"):
+            # what sglang's DualGemm._select_mode reads: no dual GEMM off SM100
+            assert mod.DualGemmQuantMode.UNQUANT.is_quantized is False
+            assert mod.DualGemmQuantMode.DYNAMIC_PER_TOKEN.is_dynamic is True
+            assert mod.can_use_dual_gemm(16, 2048, 8192, mod.DualGemmQuantMode.UNQUANT) is False
+        else:
+            with pytest.raises(RuntimeError, match="FlashMLA"):
+                mod.get_mla_metadata()
+    assert (SHIMS / "site_overrides").is_dir()
 
 
 def test_time_guard_stops_a_hanging_stage_and_its_servers(tmp_path: Path) -> None:
@@ -245,3 +291,53 @@ def test_time_guard_stops_a_hanging_stage_and_its_servers(tmp_path: Path) -> Non
     assert st["parity"]["results"]["SUFFIX-4"]["identical"] is True  # kept before the hang
     assert st["toks"]["status"] == "skipped"
     assert all(row["ready_s"] is not None for row in data["meta"]["servers"])
+
+
+def test_servers_start_outside_the_repository(tmp_path: Path) -> None:
+    """``python -m`` puts the working directory first on sys.path: a server started in the
+    repository root imported the source tree's plugin (no compiled suffix core) instead of
+    the one gpu/run built (found on the second GPU run)."""
+    from gpu_kit.servers import Server, ServerSpec
+
+    code = "import os, sys; print('CWD=' + os.getcwd()); sys.stdout.flush()"
+    server = Server(ServerSpec("cwd", ()), [sys.executable, "-c", code, "--"], dict(os.environ),
+                    tmp_path / "logs" / "cwd.log")  # fmt: skip
+    server.launch()
+    server.proc.wait(timeout=60)
+    assert f"CWD={tmp_path / 'logs'}" in server.log_path.read_text()
+
+
+def test_summary_names_what_killed_each_server(tmp_path: Path) -> None:
+    """gpu/gpu_kit/summary.py: the committed GPU results keep each stage's status and, per
+    server, the exception that ended it (not the kit's own 'exited' line)."""
+    from gpu_kit import summary
+
+    run = tmp_path / "run"
+    run.mkdir()
+    tail = "Traceback (most recent call last):\n  File x\nValueError: got Int8\n"
+    results = {
+        "meta": {"started": "t0", "argv": [], "servers": [
+            {"label": "plain", "error": f"plain: exited with code -9\n{tail}"},
+            {"label": "NGRAM", "error": None}]},
+        "order": ["env", "curve", "toks"],
+        "stages": {
+            "env": {"status": "passed", "seconds": 1.0, "machine": {"nvidia_smi": "h\nH100, 580"}},
+            "curve": {"status": "failed", "seconds": 2.0, "error": "RuntimeError: cells failed"},
+            "toks": {"status": "skipped", "reason": "time"},
+        },
+    }  # fmt: skip
+    (run / "results.json").write_text(json.dumps(results))
+    (run / "server-logs.txt").write_text(
+        "===== plain.log (10 chars, last 300 lines)\n"
+        "[x] Engine startup timings (s): load_weight=0.1, cuda_graph={decode=31.8}\n"
+    )
+    out = tmp_path / "s.json"
+    assert summary.main([str(run), "--out", str(out), "--note", "a finding"]) == 0
+    doc = json.loads(out.read_text())
+    r = doc["runs"][0]
+    assert doc["findings"] == ["a finding"] and r["device"] == ["H100, 580"]
+    assert r["server_failures"] == {"plain": "ValueError: got Int8"}
+    assert r["stages"]["curve"] == {"status": "failed", "seconds": 2.0,
+                                    "ended_by": "RuntimeError: cells failed"}  # fmt: skip
+    assert r["stages"]["toks"]["why"] == "time"
+    assert r["startup_timings"] == {"plain": "load_weight=0.1, cuda_graph={decode=31.8}"}
