@@ -134,6 +134,8 @@ class PluginConfig:
     draft_gate: bool = True
     draft_gate_cost: float = 0.1
     ragged_verify: bool = True
+    grammar_drafts: bool = True
+    grammar_draft_ms: float = 20.0
     draft_kv_repair: bool = False
     draft_kv_repair_max_tokens: int = 8192
     stats_log_interval_s: float = 30.0

@@ -164,6 +164,23 @@ FIELDS: tuple[Field, ...] = (
         "start-up) (sglang/verify/ragged.py)",
     ),
     Field(
+        "grammar_drafts",
+        bool,
+        True,
+        "SUFFIX, adaptive SUFFIX and HYBRID's suffix drafts, for requests with an xgrammar "
+        "grammar (json_schema, regex, ebnf, structural tags): cut draft branches the grammar "
+        "rejects and draft its forced continuation (sglang/workers/suffix_grammar.py)",
+    ),
+    Field(
+        "grammar_draft_ms",
+        float,
+        20.0,
+        "host milliseconds one decode step may spend shaping grammar requests' drafts; past it "
+        "the remaining requests keep their plain suffix drafts",
+        0.0,
+        10000.0,
+    ),
+    Field(
         "stats_log_interval_s",
         float,
         30.0,

@@ -161,6 +161,9 @@ class DrafterSessionsMixin:
     def _close(self, rid: str) -> None:
         if self._gate is not None:
             self._gate.forget(rid)
+        grammar = getattr(self, "_grammar", None)
+        if grammar is not None:
+            grammar.forget([rid])
         session = self._sessions.pop(rid, None)
         if session is None:
             return
@@ -196,6 +199,8 @@ class DrafterSessionsMixin:
             self._fault("stats", None, exc)
         if getattr(self, "_gate", None) is not None:
             stats.update(self._gate.stats())
+        if getattr(self, "_grammar", None) is not None:
+            stats.update(self._grammar.summary())
         return stats
 
     def _maybe_log_stats(self) -> None:

@@ -45,6 +45,7 @@ from sglang_spec_ext.sglang.verify.width_switch import WidthSwitchMixin
 from sglang_spec_ext.sglang.verify.widths import VerifyWidthBackends
 from sglang_spec_ext.sglang.workers import plain_step
 from sglang_spec_ext.sglang.workers.suffix_corpora import ExternalCorporaMixin
+from sglang_spec_ext.sglang.workers.suffix_grammar import GrammarDrafts
 from sglang_spec_ext.sglang.workers.suffix_ragged import RaggedStepsMixin
 from sglang_spec_ext.sglang.workers.suffix_relay import last_token, relayed_per_request
 from sglang_spec_ext.sglang.workers.suffix_sessions import DrafterSessionsMixin, SessionCloser
@@ -157,6 +158,11 @@ class SuffixWorker(
         self._ragged: RaggedVerify | None = None  # set by __init__ (_init_ragged)
         self._ragged_resolved = False
         self._config = config  # the bounds the metrics report
+        # grammar-aware drafts for structured-output requests (suffix_grammar.py)
+        tokenizer_path = getattr(getattr(self, "server_args", None), "tokenizer_path", None)
+        self._grammar = GrammarDrafts(
+            config.grammar_drafts, config.grammar_draft_ms, tokenizer_path or None
+        )
         self.corpora = CorpusStore(self, config.max_corpus_tokens)
         self._init_sessions(config)  # suffix_sessions.py (and a snapshot's warm restart)
 
@@ -313,11 +319,10 @@ class SuffixWorker(
 
         # A fault may have reset the whole drafter: draft only for live sessions.
         ok = [good and rid in self.drafter for rid, good in zip(rids, ok, strict=True)]
-        trees = self._speculate([r for r, good in zip(rids, ok, strict=True) if good], width - 1)
-        it = iter(trees)
+        trees = self._drafts(batch.reqs, rids, ok, width - 1)
         trees = [
-            cap_tree(next(it), max_draft_tokens(req)) if good else DraftTree()
-            for good, req in zip(ok, batch.reqs, strict=True)
+            cap_tree(tree, max_draft_tokens(req))
+            for tree, req in zip(trees, batch.reqs, strict=True)
         ]
         if self._gate is not None:
             if self._ragged is not None:  # each draft cut to what pays for its verify
@@ -340,6 +345,24 @@ class SuffixWorker(
             self._step_empty = not any(len(tree.parents) for tree in trees)
             self._set_lens(trees)
             return pack_batch(trees, roots, width)
+
+    def _drafts(self, reqs: list, rids: list[str], ok: list[bool], slots: int) -> list[DraftTree]:
+        """Each request's suffix draft of up to ``slots`` nodes (empty where its session is
+        not live); a grammar request's drafted from more candidates and shaped by its
+        grammar (suffix_grammar.py)."""
+        matchers = [self._grammar.matcher_of(req) if good else None
+                    for req, good in zip(reqs, ok, strict=True)]  # fmt: skip
+        trees = [DraftTree() for _ in reqs]
+        plain = [i for i, good in enumerate(ok) if good and matchers[i] is None]
+        shaped = [i for i, m in enumerate(matchers) if m is not None]
+        for group, nodes in ((plain, slots), (shaped, self._grammar.candidates(slots))):
+            for i, tree in zip(
+                group, self._speculate([rids[i] for i in group], nodes), strict=True
+            ):
+                trees[i] = tree
+        if shaped:
+            trees = self._grammar.shape_batch(reqs, trees, slots, matchers)
+        return trees
 
     def _update_ngram_corpus(self, batch: Any) -> None:
         # The drafter is updated from committed tokens at the next draft

@@ -1,0 +1,289 @@
+"""Grammar-aware drafts: a draft tree checked against a request's structured-output grammar,
+and the grammar's forced continuation drafted where the tree has nothing.
+
+Under a JSON schema, a regex or a tool-call format much of the output is forced (property
+names, quotes, braces, separators, enum values). The host's verify already walks each draft
+tree with the request's grammar and rejects what breaks it; this module does the same walk
+*before* verify on a copy of the grammar state (a :class:`GrammarCursor`), so that
+
+* a branch is cut at its first token the grammar rejects, and the verify slots it held go
+  to the next-best nodes of the drafter's (larger) candidate tree;
+* where the grammar admits exactly one continuation (its jump-forward string), those tokens
+  are drafted below the tree's most likely path, even when no suffix tree has them,
+  tokenised as the target emitted that string before (:class:`ForcedTokenizer` learns it
+  from committed outputs), else by the model's tokenizer, else by longest vocabulary match.
+
+Nothing here changes what the target commits: the drafts go through the host's verify,
+which applies the grammar itself. The work is bounded (a node budget per request, a time
+budget per step; past it a request keeps its unshaped draft). Engine-agnostic: the serving
+side (``sglang/workers/suffix_grammar.py``) adapts the host's xgrammar matcher.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .draft import DraftTree
+
+#: Path probability given to each forced node relative to its parent: the grammar admits
+#: only this string, but the target may tokenise it otherwise (then the node is rejected).
+FORCED_PROB = 0.9
+
+
+class GrammarCursor(Protocol):
+    """A private copy of a request's grammar state, positioned after its committed tokens."""
+
+    def accept(self, token: int) -> bool:
+        """Advance by ``token`` if the grammar admits it; False (unchanged) if not."""
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` accepted tokens."""
+
+    def forced_string(self) -> str:
+        """The longest string every continuation from here starts with ('' if none)."""
+
+    def forced_stop(self) -> int | None:
+        """The stop token when it is the only token the grammar admits here, else None."""
+
+
+@dataclass
+class ShapeStats:
+    """What shaping did to the drafts of grammar requests (cumulative)."""
+
+    requests: int = 0  # request-steps shaped
+    cut: int = 0  # draft nodes the grammar rejected
+    forced: int = 0  # forced nodes drafted
+    forced_learned: int = 0  # ... of them from a learned tokenisation
+    over_budget: int = 0  # request-steps left unshaped: the step's time budget was spent
+    faults: int = 0  # request-steps left unshaped: the cursor raised
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def _children(parents: Sequence[int]) -> list[list[int]]:
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]  # slot 0: the root
+    for i, p in enumerate(parents):
+        kids[p + 1].append(i)
+    return kids
+
+
+def prune(tree: DraftTree, cursor: GrammarCursor) -> tuple[list[int], int]:
+    """Indices of ``tree``'s nodes the grammar admits along their path (topological
+    order), and how many were cut. The cursor is back where it started on return."""
+    kids = _children(tree.parents)
+    kept: list[int] = []
+
+    def visit(node: int) -> None:
+        for child in kids[node + 1]:
+            if cursor.accept(tree.tokens[child]):
+                kept.append(child)
+                try:
+                    visit(child)
+                finally:
+                    cursor.rollback(1)
+
+    visit(-1)
+    kept.sort()
+    return kept, len(tree.tokens) - len(kept)
+
+
+class ForcedTokenizer:
+    """Token ids for a forced string: how the target committed that string before, else
+    ``encode`` (the model's tokenizer), else the longest vocabulary pieces. Bounded LRU."""
+
+    def __init__(
+        self,
+        vocab: Sequence[bytes] | None = None,
+        encode: Callable[[str], list[int]] | None = None,
+        bound: int = 4096,
+    ) -> None:
+        self.vocab = vocab
+        self.encode = encode
+        self.bound = bound
+        self._learned: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._by_piece: dict[bytes, int] | None = None
+        self._max_piece = 0
+
+    def __len__(self) -> int:
+        return len(self._learned)
+
+    def learned(self, s: str) -> tuple[int, ...] | None:
+        hit = self._learned.get(s)
+        if hit is not None:
+            self._learned.move_to_end(s)
+        return hit
+
+    def tokens(self, s: str) -> list[int]:
+        hit = self.learned(s)
+        if hit is not None:
+            return list(hit)
+        if self.encode is not None:
+            try:
+                return list(self.encode(s))
+            except Exception:  # noqa: BLE001 - fall through to the vocabulary
+                pass
+        return self._longest_match(s)
+
+    def learn(self, s: str, committed: Sequence[int]) -> bool:
+        """Record the tokens the target committed for ``s`` when the decoded pieces of a
+        prefix of ``committed`` spell exactly ``s`` (a token straddling its end says
+        nothing certain and is not recorded)."""
+        if not s or self.vocab is None:
+            return False
+        want, got, out = s.encode(), b"", []
+        for tok in committed:
+            if not 0 <= tok < len(self.vocab):
+                return False
+            got += bytes(self.vocab[tok])
+            out.append(int(tok))
+            if len(got) >= len(want):
+                break
+        if got != want:
+            return False
+        self._learned[s] = tuple(out)
+        self._learned.move_to_end(s)
+        while len(self._learned) > self.bound:
+            self._learned.popitem(last=False)
+        return True
+
+    def _longest_match(self, s: str) -> list[int]:
+        if self.vocab is None:
+            return []
+        if self._by_piece is None:
+            self._by_piece = {}
+            for i, piece in enumerate(self.vocab):
+                b = bytes(piece)
+                if b and b not in self._by_piece:
+                    self._by_piece[b] = i
+            self._max_piece = max((len(b) for b in self._by_piece), default=0)
+        data, out, i = s.encode(), [], 0
+        while i < len(data):
+            for n in range(min(self._max_piece, len(data) - i), 0, -1):
+                tok = self._by_piece.get(data[i : i + n])
+                if tok is not None:
+                    out.append(tok)
+                    i += n
+                    break
+            else:
+                return out  # no piece spells what follows: draft what we have
+        return out
+
+
+def _spine(tree: DraftTree, kept: list[int]) -> list[int]:
+    """The most likely root-to-leaf path through the kept nodes."""
+    keep = set(kept)
+    kids = _children(tree.parents)
+    path, node = [], -1
+    while True:
+        options = [c for c in kids[node + 1] if c in keep]
+        if not options:
+            return path
+        node = max(options, key=lambda c: (tree.probs[c] if c < len(tree.probs) else 0.0, -c))
+        path.append(node)
+
+
+def forced_chain(
+    cursor: GrammarCursor, tokenizer: ForcedTokenizer, budget: int
+) -> tuple[list[int], int]:
+    """Up to ``budget`` tokens the grammar forces from the cursor's state (each checked
+    with the cursor), and how many came from a learned tokenisation. Cursor restored."""
+    chain: list[int] = []
+    learned = 0
+    try:
+        while len(chain) < budget:
+            s = cursor.forced_string()
+            if not s:
+                stop = cursor.forced_stop()
+                if stop is not None and cursor.accept(stop):
+                    chain.append(stop)
+                break
+            from_memory = tokenizer.learned(s) is not None
+            toks = tokenizer.tokens(s)
+            took = 0
+            for tok in toks[: budget - len(chain)]:
+                if not cursor.accept(tok):
+                    break
+                chain.append(tok)
+                took += 1
+            if from_memory:
+                learned += took
+            if not toks or took < len(toks):  # untokenisable, budget, or refused: stop
+                break
+    finally:
+        if chain:
+            cursor.rollback(len(chain))
+    return chain, learned
+
+
+def shape(
+    tree: DraftTree,
+    cursor: GrammarCursor,
+    max_nodes: int,
+    tokenizer: ForcedTokenizer,
+    stats: ShapeStats | None = None,
+    forced_prob: float = FORCED_PROB,
+) -> DraftTree:
+    """``tree`` cut to what the grammar admits, with the forced continuation below its most
+    likely path, keeping the ``max_nodes`` most likely nodes (a parent before its child).
+    ``tree`` may hold more than ``max_nodes`` candidates. The cursor is left unchanged."""
+    stats = stats if stats is not None else ShapeStats()
+    probs = list(tree.probs) + [0.0] * (len(tree.tokens) - len(tree.probs))
+    kept, cut = prune(tree, cursor)
+    spine = _spine(tree, kept)
+    accepted = 0
+    try:
+        for node in spine:
+            if not cursor.accept(tree.tokens[node]):  # prune admitted it: cannot happen
+                raise RuntimeError("grammar cursor disagrees with itself")
+            accepted += 1
+        chain, learned = forced_chain(cursor, tokenizer, max_nodes)
+    finally:
+        if accepted:
+            cursor.rollback(accepted)
+    # candidates: kept nodes, then the forced chain under the spine's leaf
+    new_index = {old: i for i, old in enumerate(kept)}
+    tokens = [tree.tokens[i] for i in kept]
+    parents = [new_index[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in kept]
+    cand_probs = [probs[i] for i in kept]
+    parent = new_index[spine[-1]] if spine else -1
+    p = probs[spine[-1]] if spine else 1.0
+    for tok in chain:
+        p *= forced_prob
+        tokens.append(tok)
+        parents.append(parent)
+        cand_probs.append(p)
+        parent = len(tokens) - 1
+    # the max_nodes most likely; path probabilities never grow along a path, and a parent
+    # precedes its children, so (prob desc, index asc) keeps every chosen node's parent
+    order = sorted(range(len(tokens)), key=lambda i: (-cand_probs[i], i))[:max_nodes]
+    chosen = sorted(order)
+    remap = {old: i for i, old in enumerate(chosen)}
+    out = DraftTree(
+        tokens=[tokens[i] for i in chosen],
+        parents=[remap[parents[i]] if parents[i] >= 0 else -1 for i in chosen],
+        probs=[cand_probs[i] for i in chosen],
+        match_len=tree.match_len,
+    )
+    out.score = float(sum(out.probs))
+    n_forced = sum(1 for i in chosen if i >= len(kept))
+    stats.requests += 1
+    stats.cut += cut
+    stats.forced += n_forced
+    stats.forced_learned += min(learned, n_forced)
+    return out
+
+
+@dataclass
+class StepBudget:
+    """The time one step may spend shaping drafts (seconds, from the first request)."""
+
+    seconds: float
+    started: float = field(default_factory=time.perf_counter)
+
+    def spent(self) -> bool:
+        return time.perf_counter() - self.started > self.seconds

@@ -1,0 +1,187 @@
+"""Grammar-aware drafts (sglang_spec_ext/suffix/grammar.py) against a small string grammar,
+and the real xgrammar matcher through the serving adapter's cursor."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sglang_spec_ext.suffix.draft import DraftTree
+from sglang_spec_ext.suffix.grammar import (
+    FORCED_PROB,
+    ForcedTokenizer,
+    ShapeStats,
+    forced_chain,
+    prune,
+    shape,
+)
+
+VOCAB = [b"<s>", b'{"', b"name", b'":', b' "', b"a", b"b", b'"}', b"n", b"ame", b"x"]
+STOP = 0
+TOK = {piece: i for i, piece in enumerate(VOCAB)}
+
+
+class StringCursor:
+    """The language: exactly the strings in ``allowed`` followed by the stop token."""
+
+    def __init__(self, allowed: list[str], text: str = "") -> None:
+        self.allowed = [a.encode() for a in allowed]
+        self.stack = [text.encode()]
+        self.stopped = False
+        self.calls = 0
+
+    @property
+    def text(self) -> bytes:
+        return self.stack[-1]
+
+    def accept(self, token: int) -> bool:
+        self.calls += 1
+        if self.stopped:
+            return False
+        if token == STOP:
+            if self.text in self.allowed:
+                self.stack.append(self.text)
+                self.stopped = True
+                return True
+            return False
+        nxt = self.text + VOCAB[token]
+        if any(a.startswith(nxt) for a in self.allowed):
+            self.stack.append(nxt)
+            return True
+        return False
+
+    def rollback(self, n: int) -> None:
+        for _ in range(n):
+            if self.stopped and self.stack[-1] == self.stack[-2]:
+                self.stopped = False
+            self.stack.pop()
+        assert self.stack, "rolled back past the committed state"
+
+    def forced_string(self) -> str:
+        rest = [a[len(self.text) :] for a in self.allowed if a.startswith(self.text)]
+        if self.stopped or not rest:
+            return ""
+        prefix = os.path.commonprefix(rest)
+        return prefix.decode()
+
+    def forced_stop(self) -> int | None:
+        rest = [a for a in self.allowed if a.startswith(self.text) and a != self.text]
+        return STOP if self.text in self.allowed and not rest and not self.stopped else None
+
+
+def tree(tokens, parents, probs) -> DraftTree:
+    return DraftTree(list(tokens), list(parents), list(probs), float(sum(probs)), 3)
+
+
+def test_prune_cuts_a_rejected_branch_and_its_subtree_and_restores_the_cursor() -> None:
+    cur = StringCursor(['{"name": "a"}'], text='{"name": "')
+    # 0:'a' (ok) -> 1:'"}' (ok); 2:'b' (rejected) -> 3:'"}' (below a rejected node)
+    t = tree([TOK[b"a"], TOK[b'"}'], TOK[b"b"], TOK[b'"}']], [-1, 0, -1, 2], [0.6, 0.5, 0.3, 0.2])
+    kept, cut = prune(t, cur)
+    assert kept == [0, 1] and cut == 2
+    assert cur.stack == [b'{"name": "'], "the cursor is back at the committed state"
+
+
+def test_shape_fills_freed_slots_with_the_next_best_candidates() -> None:
+    cur = StringCursor(['{"name": "a"}', '{"name": "b"}'], text='{"name": "')
+    # best branch rejected ('x'), then two admitted branches; the forced stop token below
+    # 'a' '"}' (0.45 * 0.9) ranks below 'b' (0.42) and misses the budget
+    t = tree([TOK[b"x"], TOK[b"a"], TOK[b"b"], TOK[b'"}']], [-1, -1, -1, 1], [0.7, 0.5, 0.42, 0.45])
+    out = shape(t, cur, max_nodes=3, tokenizer=ForcedTokenizer(VOCAB))
+    assert [VOCAB[x] for x in out.tokens] == [b"a", b"b", b'"}']
+    assert out.parents == [-1, -1, 0]
+    assert cur.stack == [b'{"name": "']
+
+
+def test_forced_continuation_drafted_where_the_tree_has_nothing() -> None:
+    cur = StringCursor(['{"name": "a"}', '{"name": "b"}'])
+    stats = ShapeStats()
+    out = shape(DraftTree(), cur, max_nodes=8, tokenizer=ForcedTokenizer(VOCAB), stats=stats)
+    # forced: '{"name": "' by longest vocabulary pieces; then 'a' or 'b' is free
+    assert b"".join(VOCAB[x] for x in out.tokens) == b'{"name": "'
+    assert out.parents == [-1, 0, 1, 2]
+    assert out.probs == pytest.approx([FORCED_PROB ** (i + 1) for i in range(4)])
+    assert stats.forced == 4 and stats.cut == 0 and cur.stack == [b""]
+
+
+def test_forced_chain_below_the_most_likely_path_and_the_stop_token() -> None:
+    cur = StringCursor(['{"name": "a"}'], text='{"name":')
+    t = tree([TOK[b' "'], TOK[b"a"]], [-1, 0], [0.8, 0.7])
+    out = shape(t, cur, max_nodes=4, tokenizer=ForcedTokenizer(VOCAB))
+    assert [VOCAB[x] for x in out.tokens] == [b' "', b"a", b'"}', b"<s>"]  # '"}' then the stop
+    assert out.parents == [-1, 0, 1, 2]
+    assert out.probs[2] == pytest.approx(0.7 * FORCED_PROB)
+
+
+def test_node_budget_keeps_the_most_likely_nodes_closed_under_parents() -> None:
+    cur = StringCursor(['{"name": "a"}'])
+    out = shape(DraftTree(), cur, max_nodes=2, tokenizer=ForcedTokenizer(VOCAB))
+    assert [VOCAB[x] for x in out.tokens] == [b'{"', b"name"]
+    chain, _ = forced_chain(StringCursor(['{"name": "a"}']), ForcedTokenizer(VOCAB), budget=0)
+    assert chain == []
+
+
+def test_learned_tokenisation_wins_and_is_bounded() -> None:
+    tk = ForcedTokenizer(VOCAB, bound=2)
+    assert tk.tokens("name") == [TOK[b"name"]]  # longest match
+    # the target spelled it 'n' + 'ame' (then more): learned exactly
+    assert tk.learn("name", [TOK[b"n"], TOK[b"ame"], TOK[b'":']])
+    assert tk.tokens("name") == [TOK[b"n"], TOK[b"ame"]]
+    # a token straddling the forced string's end teaches nothing
+    assert not tk.learn('{"na', [TOK[b'{"'], TOK[b"name"]])
+    tk.learn("a", [TOK[b"a"]])
+    tk.learn("b", [TOK[b"b"]])
+    assert len(tk) == 2 and tk.learned("name") is None  # oldest dropped
+    cur = StringCursor(['{"name": "a"}', '{"name": "b"}'], text='{"')
+    assert cur.forced_string() == 'name": "'
+    tk.learn('name": "', [TOK[b"n"], TOK[b"ame"], TOK[b'":'], TOK[b' "'], TOK[b"a"]])
+    stats = ShapeStats()
+    out = shape(DraftTree(), cur, max_nodes=8, tokenizer=tk, stats=stats)
+    assert out.tokens == [TOK[b"n"], TOK[b"ame"], TOK[b'":'], TOK[b' "']]
+    assert stats.forced_learned == 4 and stats.forced == 4
+
+
+def test_an_untokenisable_forced_string_ends_the_chain() -> None:
+    # '"a"}' has no vocabulary piece for its first byte: nothing drafted, no endless loop
+    cur = StringCursor(['{"name": "a"}'], text='{"name": ')
+    chain, _ = forced_chain(cur, ForcedTokenizer(VOCAB), budget=8)
+    assert chain == [] and cur.calls == 0
+
+
+def test_encoder_tokenisation_is_checked_by_the_grammar() -> None:
+    # an encoder that tokenises wrongly: the grammar refuses the piece, the chain stops
+    tk = ForcedTokenizer(VOCAB, encode=lambda s: [TOK[b"x"]])
+    chain, _ = forced_chain(StringCursor(['{"name": "a"}']), tk, budget=8)
+    assert chain == []
+
+
+def test_real_xgrammar_cursor_matches_the_string_grammar_behaviour(tmp_path) -> None:
+    """The serving adapter's cursor over a fork of a real xgrammar matcher: the request's
+    own matcher never moves, forced strings come from the JSON schema."""
+    xg = pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
+    from sglang_spec_ext.sglang.workers.suffix_grammar import XGrammarCursor
+
+    model = build_tiny_llama(tmp_path / "tiny", seed=0)
+    tok = AutoTokenizer.from_pretrained(model)
+    info = xg.TokenizerInfo.from_huggingface(tok)
+    schema = {"type": "object", "properties": {"unit": {"enum": ["celsius", "kelvin"]}},
+              "required": ["unit"]}  # fmt: skip
+    compiled = xg.GrammarCompiler(info).compile_json_schema(
+        json.dumps(schema), any_whitespace=False
+    )
+    matcher = xg.GrammarMatcher(compiled)
+    cursor = XGrammarCursor(matcher, list(matcher.stop_token_ids))
+    tk = ForcedTokenizer(
+        list(info.decoded_vocab), encode=lambda s: tok.encode(s, add_special_tokens=False)
+    )
+    out = shape(DraftTree(), cursor, max_nodes=16, tokenizer=tk)
+    text = tok.decode(out.tokens)
+    assert text.startswith('{"unit": "'), text
+    assert matcher.find_jump_forward_string() == '{"unit": "', "the request's matcher did not move"
+    # the enum's two values share no prefix: the forced chain stops there
+    assert "celsius" not in text and "kelvin" not in text
