@@ -72,11 +72,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-prompts", type=int, default=32, help="requests per cell")
     g.add_argument(
         "--prompts",
-        choices=("random", "random-words", "mixed"),
+        choices=("random", "random-words", "mixed", "structured"),
         default="random",
-        help="random token ids, random words, or the mixed workload (code edits, agent loops "
+        help="random token ids, random words, the mixed workload (code edits, agent loops "
         "and a repeated question beside chat and random-token prompts; chat-template "
-        "prompts of their own length, the scenario sets the output length) (ignored with "
+        "prompts of their own length, the scenario sets the output length), or the "
+        "structured workload (tool calls under JSON schemas, regex answers, JSON mode, chat; "
+        "each constrained request ends with its grammar, native API) (ignored with "
         "--dataset)",
     )
     g.add_argument(

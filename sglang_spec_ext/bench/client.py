@@ -30,12 +30,16 @@ def _payload(req: Request, api: str, stream: bool, temperature: float, model: st
             "sampling_params": {
                 "max_new_tokens": req.output_len,
                 "temperature": temperature,
-                "ignore_eos": True,
+                # a constrained request ends with its grammar (its stop token is forced)
+                "ignore_eos": not req.constraint,
+                **dict(req.constraint),
             },
             "stream": stream,
         }
         body["input_ids" if req.prompt_ids is not None else "text"] = prompt
         return "/generate", body
+    if req.constraint:
+        raise ValueError("structured prompts need the native API (--api native)")
     body = {
         "model": model or "default",
         "prompt": prompt,

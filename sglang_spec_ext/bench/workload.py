@@ -125,6 +125,8 @@ class Request:
     output_len: int
     prompt_ids: tuple[int, ...] | None = None
     prompt_text: str | None = None
+    #: structured-output sampling fields (``json_schema`` / ``regex``), sent as they are
+    constraint: tuple[tuple[str, str], ...] = ()
 
     @property
     def input_len(self) -> int | None:
@@ -145,7 +147,9 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
 
 class PromptSource:
     """Builds prompts of a given length: ``random`` (token ids), ``random-words`` or a
-    ``dataset``; or ``mixed``: the embedded mixed workload (``demo_workloads.mixed_prompts``:
+    ``dataset``; ``structured``: tool calls under JSON schemas, regex answers, JSON mode and
+    chat (``structured_workloads.structured_requests``; each request carries its
+    constraint); or ``mixed``: the embedded mixed workload (``demo_workloads.mixed_prompts``:
     code edits, agent loops and a repeated question beside chat and random-token prompts,
     their own lengths; needs a tokenizer with a chat template). ``tokenizer`` (optional
     otherwise, a Hugging Face tokenizer) makes text exact."""
@@ -157,10 +161,10 @@ class PromptSource:
         tokenizer: Any = None,
         dataset: Sequence[Request] | None = None,
     ) -> None:
-        if kind not in ("random", "random-words", "dataset", "mixed"):
+        if kind not in ("random", "random-words", "dataset", "mixed", "structured"):
             raise ValueError(f"unknown prompt kind {kind!r}")
-        if kind == "mixed" and tokenizer is None:
-            raise ValueError("mixed prompts need a tokenizer (--tokenizer DIR or --model-path)")
+        if kind in ("mixed", "structured") and tokenizer is None:
+            raise ValueError(f"{kind} prompts need a tokenizer (--tokenizer DIR or --model-path)")
         if kind == "random" and not vocab:
             raise ValueError("random token prompts need the vocabulary (--vocab-size)")
         if kind == "dataset" and not dataset:
@@ -182,6 +186,11 @@ class PromptSource:
 
             return [Request(scenario.output_len, tuple(ids))
                     for _, ids in mixed_prompts(self.tokenizer, n, seed=seed)]  # fmt: skip
+        if self.kind == "structured":
+            from sglang_spec_ext.bench.structured_workloads import structured_requests
+
+            return [Request(scenario.output_len, tuple(ids), constraint=tuple(c.items()))
+                    for _, ids, c in structured_requests(self.tokenizer, n, seed=seed)]  # fmt: skip
         if self.kind == "random":
             return [
                 Request(

@@ -13,6 +13,7 @@ generated: docs/operations.md lists them under known host issues.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ DEFAULT_MIX: dict[str, float] = {
     "n2": 4,
     "json": 3,
     "regex": 2,
+    "structured": 6,
     "disconnect": 10,
     "invalid": 10,
     "penalty": 3,
@@ -45,6 +47,7 @@ PARITY_KINDS = frozenset(
         "greedy",
         "repeat",
         "capped",
+        "structured",
         "near_limit",
         "one_token",
         "stop",
@@ -224,6 +227,23 @@ def build_workload(
                 "input_ids": ids,
                 "sampling_params": {"max_new_tokens": 24, "temperature": 0, "regex": REGEX},
             }
+        elif kind == "structured":
+            # A tool call under the structured workload's JSON schema (three tools, nested
+            # objects, enums, arrays; bench/structured_workloads.py), often on a prompt the
+            # trees know: grammar-aware drafts cut and force. Greedy ones are compared with
+            # the plain server; a sampled one must only be answered.
+            from sglang_spec_ext.bench.structured_workloads import tool_call_schema
+
+            sampled = rng.random() < 0.25
+            req.payload = {
+                "input_ids": rng.choice(bases) if rng.random() < 0.5 else ids,
+                "sampling_params": {
+                    "max_new_tokens": rng.randint(24, 64),
+                    "temperature": 0.8 if sampled else 0,
+                    "json_schema": json.dumps(tool_call_schema()),
+                },
+            }
+            req.parity = not sampled
         elif kind == "disconnect":
             req.payload = {"input_ids": ids, "sampling_params": _greedy(max_new), "stream": True}
             req.expect = "disconnect"

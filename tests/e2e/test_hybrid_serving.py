@@ -146,3 +146,27 @@ def test_hybrid_honours_per_request_caps(tiny_baseline_server, chain_server, tok
             assert meta["spec_num_correct_drafts"] <= cap * meta["spec_verify_ct"], meta
     print("\nHYBRID per-request caps", caps, [accept_length(o["meta_info"]) for o in got])
     assert accept_length(got[0]["meta_info"]) > 1.0
+
+
+def test_hybrid_grammar_requests_parity_and_shaped_suffix_drafts(
+    tiny_baseline_server, tree_server, tok
+):
+    """Structured requests (JSON schema tool call, regex, JSON mode, free) under HYBRID:
+    its suffix drafts are shaped by each request's grammar (suffix_grammar.py); greedy
+    output stays plain constrained decoding's."""
+    from tests.e2e.test_grammar_drafts import CONSTRAINTS, PROMPTS
+
+    def ask(server, prompt, constraint):
+        ids = tok(prompt)["input_ids"]
+        return server.generate(input_ids=ids, max_new_tokens=40, temperature=0,
+                               **constraint)["output_ids"]  # fmt: skip
+
+    want = [ask(tiny_baseline_server, p, c) for p, c in zip(PROMPTS, CONSTRAINTS, strict=True)]
+    for _ in range(2):
+        with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            pairs = list(zip(PROMPTS, CONSTRAINTS, strict=True))
+            got = list(pool.map(lambda pc: ask(tree_server, *pc), pairs))
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert a == b, f"request {i} ({CONSTRAINTS[i] or 'free'}) differs from plain"
+    suffix = _stats(tree_server)["suffix"]
+    assert suffix["grammar_requests"] > 0 and suffix["grammar_faults"] == 0, suffix

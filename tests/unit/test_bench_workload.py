@@ -131,3 +131,31 @@ def test_mixed_prompts_repeat_a_few_long_texts_and_need_a_tokenizer() -> None:
     assert reqs == wl.PromptSource("mixed", tokenizer=ChatTokenizer()).build(sc, 16, 0)
     with pytest.raises(ValueError, match="tokenizer"):
         wl.PromptSource("mixed")
+
+
+def test_structured_prompts_carry_their_constraint_to_the_native_payload() -> None:
+    import json
+
+    from sglang_spec_ext.bench.client import _payload
+    from sglang_spec_ext.bench.structured_workloads import STRUCTURED_KINDS, TOOLS
+
+    sc = wl.Scenario("s", 0, 32)
+    reqs = wl.PromptSource("structured", tokenizer=ChatTokenizer()).build(sc, 8, 0)
+    assert reqs == wl.PromptSource("structured", tokenizer=ChatTokenizer()).build(sc, 8, 0)
+    by_kind = dict(zip(STRUCTURED_KINDS, reqs, strict=True))
+    tool = dict(by_kind["tool"].constraint)
+    names = {alt["properties"]["name"]["const"] for alt in json.loads(tool["json_schema"])["anyOf"]}
+    assert names == set(TOOLS)
+    assert "regex" in dict(by_kind["regex"].constraint) and by_kind["chat"].constraint == ()
+    _, body = _payload(by_kind["tool"], "native", False, 0.0, None)
+    assert body["sampling_params"]["json_schema"] == tool["json_schema"]
+    assert body["sampling_params"]["ignore_eos"] is False  # the grammar ends the request
+    _, free = _payload(by_kind["chat"], "native", False, 0.0, None)
+    assert (
+        free["sampling_params"]["ignore_eos"] is True
+        and "json_schema" not in free["sampling_params"]
+    )
+    with pytest.raises(ValueError, match="native"):
+        _payload(by_kind["tool"], "openai", False, 0.0, None)
+    with pytest.raises(ValueError, match="tokenizer"):
+        wl.PromptSource("structured")

@@ -185,3 +185,48 @@ def test_real_xgrammar_cursor_matches_the_string_grammar_behaviour(tmp_path) -> 
     assert matcher.find_jump_forward_string() == '{"unit": "', "the request's matcher did not move"
     # the enum's two values share no prefix: the forced chain stops there
     assert "celsius" not in text and "kelvin" not in text
+
+
+def test_compact_style_matcher_forces_separators_the_lenient_grammar_does_not(tmp_path) -> None:
+    """Under optional whitespace (the host's default JSON grammar) xgrammar forces almost
+    nothing; the compact companion of the same schema forces the separators and property
+    names, each token still admitted by the request's own grammar."""
+    xg = pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
+    from sglang_spec_ext.sglang.workers.suffix_grammar import XGrammarCursor
+
+    tok = AutoTokenizer.from_pretrained(build_tiny_llama(tmp_path / "tiny", seed=0))
+    info = xg.TokenizerInfo.from_huggingface(tok)
+    schema = json.dumps({"type": "object", "properties": {"city": {"type": "string"},
+                         "unit": {"enum": ["celsius", "kelvin"]}}, "required": ["city", "unit"]})  # fmt: skip
+    compiler = xg.GrammarCompiler(info)
+    lenient = xg.GrammarMatcher(compiler.compile_json_schema(schema, any_whitespace=True))
+    compact = xg.GrammarMatcher(compiler.compile_json_schema(schema, any_whitespace=False))
+    tk = ForcedTokenizer(
+        list(info.decoded_vocab), encode=lambda s: tok.encode(s, add_special_tokens=False)
+    )
+    alone = shape(DraftTree(), XGrammarCursor(lenient, []), 16, tk)
+    styled = shape(DraftTree(), XGrammarCursor(lenient, [], compact), 16, tk)
+    assert len(styled.tokens) > len(alone.tokens)
+    assert tok.decode(styled.tokens).startswith('{"city": "'), tok.decode(styled.tokens)
+    assert all(lenient.fork().accept_token(t) for t in styled.tokens[:1])
+    # neither the request's matcher nor the companion moved
+    assert lenient.fork().find_jump_forward_string() == "{"
+    assert compact.find_jump_forward_string() == '{"city": "'
+    # a token only the lenient grammar admits (a newline after the brace): the compact
+    # companion is silent below it, and speaks again once that token is rolled back
+    cursor = XGrammarCursor(lenient, [], compact)
+    brace, newline = (
+        tok.encode("{", add_special_tokens=False),
+        tok.encode("\n", add_special_tokens=False),
+    )
+    assert len(brace) == 1 and len(newline) == 1
+    assert cursor.accept(brace[0]) and cursor.forced_string() == '"city": "'
+    assert cursor.accept(newline[0])
+    assert cursor.forced_string() == cursor.m.find_jump_forward_string() == ""
+    cursor.rollback(1)
+    assert cursor.forced_string() == '"city": "'
+    cursor.rollback(1)
+    assert compact.find_jump_forward_string() == '{"city": "'

@@ -52,3 +52,14 @@ def test_corpus_operations():
         "/remove_external_corpus",
         "GET /list_external_corpora",
     }
+
+
+def test_structured_requests_carry_the_tool_call_schema_greedy_ones_compared():
+    reqs = _build({"structured": 1}, n=200)
+    schemas = {r.payload["sampling_params"]["json_schema"] for r in reqs}
+    assert len(schemas) == 1 and "anyOf" in json.loads(schemas.pop())
+    greedy = [r for r in reqs if r.payload["sampling_params"]["temperature"] == 0]
+    sampled = [r for r in reqs if r.payload["sampling_params"]["temperature"] > 0]
+    assert greedy and sampled
+    assert all(r.parity for r in greedy) and not any(r.parity for r in sampled)
+    assert DEFAULT_MIX["structured"] > 0

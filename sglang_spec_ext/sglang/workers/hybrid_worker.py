@@ -90,6 +90,9 @@ class HybridMixin:
         config = plugin_config()
         self.hybrid = HybridState(config.hybrid_policy)
         self._suffix = SuffixWorker.drafting_only(use_tree=self.topk > 1)
+        self._suffix._grammar.tokenizer_path = getattr(
+            getattr(self, "server_args", None), "tokenizer_path", None
+        )
         # the first draft token's confidence, from the draft extend (hybrid_confidence.py)
         self._first = FirstTokenProbs()
         self._choice: list[str] = []
@@ -172,11 +175,12 @@ class HybridMixin:
             rids.append(req.rid if ok else None)
             committed.append(total)
         self._starts = committed
-        live = [r for r in rids if r is not None and r in self._suffix.drafter]
-        trees = iter(self._suffix._speculate(live, width - 1))
+        ok = [r is not None and r in self._suffix.drafter for r in rids]
+        # grammar requests' drafts shaped by their grammar (suffix_grammar.py)
+        trees = self._suffix._drafts(batch.reqs, [r or "" for r in rids], ok, width - 1)
         drafts = [
-            cap_tree(next(trees), max_draft_tokens(req)) if r is not None and r in live else None
-            for r, req in zip(rids, batch.reqs, strict=True)
+            cap_tree(tree, max_draft_tokens(req)) if good else None
+            for tree, good, req in zip(trees, ok, batch.reqs, strict=True)
         ]
         return drafts, committed
 

@@ -14,6 +14,15 @@ matcher disagrees (its accepted-token count is not the committed count) is left 
 Which grammars: the host's xgrammar backend (its default). Another backend's grammar
 objects (outlines, llguidance) keep today's drafts, said once in the log.
 
+Under the host's default JSON grammar (optional whitespace between tokens) almost nothing is
+forced: whitespace could follow every brace, colon and comma. For a ``json_schema`` request
+matchers of the same schema compiled without optional whitespace, one per layout (one line,
+indented by 2 or 4), follow the committed tokens (``StyleMatchers``) until the output has
+picked one; where the request's grammar forces nothing, that layout's forced string
+(newlines and indentation, separators, the property names after them) is drafted, each
+token still checked against the request's own grammar. A request whose output leaves every
+layout stops using them.
+
 Forced strings are tokenised as the target committed them before: each step the forced
 string at every grammar request's committed state is remembered with that position, and
 at the next step the committed tokens that spell it exactly are learned
@@ -24,6 +33,7 @@ past it the remaining requests keep their unshaped drafts.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import Any
 
 from sglang_spec_ext.suffix.draft import DraftTree
@@ -38,22 +48,48 @@ CANDIDATES_PER_SLOT = 2
 
 
 class XGrammarCursor:
-    """``suffix.grammar.GrammarCursor`` over a fork of the request's xgrammar matcher."""
+    """``suffix.grammar.GrammarCursor`` over a fork of the request's xgrammar matcher.
 
-    def __init__(self, matcher: Any, stop_ids: list[int]) -> None:
+    ``style``: optionally a fork of a second matcher for the same JSON schema compiled
+    without optional whitespace in the layout the output follows (``StyleMatchers``), at
+    the same committed tokens. Where
+    the request's grammar forces nothing only because whitespace could follow, the layout
+    grammar's forced string is offered instead: the separators the target writes
+    (``'": "'``, ``'", "'``) and the property names after them. Every token is still
+    checked against the request's own grammar; once the layout's grammar refuses a token on
+    a path it stays silent below it."""
+
+    def __init__(self, matcher: Any, stop_ids: list[int], style: Any | None = None) -> None:
         self.m = matcher.fork()
         self.stop_ids = stop_ids
+        self.s = style.fork() if style is not None else None
+        self._path: list[bool] = []  # per accepted token: did the style matcher take it too
+        self._style_off = 0  # accepted tokens on the path the style matcher did not take
 
     def accept(self, token: int) -> bool:
-        return bool(self.m.accept_token(int(token)))
+        if not self.m.accept_token(int(token)):
+            return False
+        both = self.s is not None and not self._style_off and bool(self.s.accept_token(int(token)))
+        self._path.append(both)
+        self._style_off += not both
+        return True
 
     def rollback(self, n: int) -> None:
         self.m.rollback(int(n))
+        for _ in range(int(n)):
+            both = self._path.pop()
+            if both:
+                self.s.rollback(1)
+            else:
+                self._style_off -= 1
 
     def forced_string(self) -> str:
         if self.m.is_terminated():  # past the stop token xgrammar refuses the question
             return ""
-        return self.m.find_jump_forward_string()
+        forced = self.m.find_jump_forward_string()
+        if forced or self.s is None or self._style_off or self.s.is_terminated():
+            return forced
+        return self.s.find_jump_forward_string()
 
     def forced_stop(self) -> int | None:
         # complete and nothing may follow: only a stop token (a one-token check each)
@@ -64,6 +100,86 @@ class XGrammarCursor:
                 self.m.rollback(1)
                 return stop
         return None
+
+
+#: The layouts a target may write JSON in (xgrammar's ``indent``; None: one line with
+#: ``", "`` and ``": "`` separators), tried side by side until the output picks one.
+STYLES: tuple[int | None, ...] = (None, 2, 4)
+
+
+class StyleMatchers:
+    """Per JSON-schema request, matchers of the same schema compiled without optional
+    whitespace in each layout of :data:`STYLES` (one line; indented by 2 or 4), kept at the
+    request's committed tokens (fed as they commit); a layout the output leaves (its
+    grammar refuses a committed token) is dropped, and the first one still standing is
+    offered. Compiled grammars: bounded LRU by (schema, layout); matchers: bounded,
+    dropped with their request."""
+
+    def __init__(self, compiled_bound: int = 64, request_bound: int = PENDING_BOUND) -> None:
+        self._compiled: OrderedDict[tuple[str, int | None], Any] = OrderedDict()
+        self._compiler: Any = None
+        self._by_rid: OrderedDict[str, list] = OrderedDict()  # rid -> [[matcher | None...], fed]
+        self.compiled_bound = compiled_bound
+        self.request_bound = request_bound
+        self.left_style = 0  # requests whose output left every layout
+
+    def of(self, req: Any) -> Any | None:
+        schema = getattr(getattr(req, "sampling_params", None), "json_schema", None)
+        if not schema:
+            return None
+        entry = self._by_rid.get(req.rid)
+        if entry is None:
+            import xgrammar as xg
+
+            info = req.grammar.ctx.tokenizer_info
+            entry = [
+                [xg.GrammarMatcher(self._compile(schema, indent, info)) for indent in STYLES],
+                0,
+            ]
+            self._by_rid[req.rid] = entry
+            while len(self._by_rid) > self.request_bound:
+                self._by_rid.popitem(last=False)
+        matchers, fed = entry
+        if not any(m is not None for m in matchers):
+            return None
+        new = req.output_ids[fed:]
+        for i, m in enumerate(matchers):
+            if m is not None and not all(
+                not m.is_terminated() and m.accept_token(int(t)) for t in new
+            ):
+                matchers[i] = None
+        entry[1] = len(req.output_ids)
+        alive = [m for m in matchers if m is not None]
+        if not alive:
+            self.left_style += 1
+            return None
+        return alive[0]
+
+    def forget(self, rids: list[str]) -> None:
+        for rid in rids:
+            self._by_rid.pop(rid, None)
+
+    def disable(self, rid: str) -> None:
+        """No companion for ``rid`` (its schema did not compile, say)."""
+        self._by_rid[rid] = [[None], 0]
+        while len(self._by_rid) > self.request_bound:
+            self._by_rid.popitem(last=False)
+
+    def _compile(self, schema: str, indent: int | None, tokenizer_info: Any) -> Any:
+        key = (schema, indent)
+        hit = self._compiled.get(key)
+        if hit is not None:
+            self._compiled.move_to_end(key)
+            return hit
+        import xgrammar as xg
+
+        if self._compiler is None:
+            self._compiler = xg.GrammarCompiler(tokenizer_info)
+        compiled = self._compiler.compile_json_schema(schema, any_whitespace=False, indent=indent)
+        self._compiled[key] = compiled
+        while len(self._compiled) > self.compiled_bound:
+            self._compiled.popitem(last=False)
+        return compiled
 
 
 def _matcher(req: Any) -> Any | None:
@@ -86,6 +202,8 @@ class GrammarDrafts:
         self._pending: dict[str, tuple[int, str]] = {}  # rid -> (committed count, forced)
         self._unsupported: set[str] = set()
         self.skipped_stale = 0
+        self.style = StyleMatchers()
+        self.style_faults = 0
 
     # -- which requests -----------------------------------------------------------------
     def matcher_of(self, req: Any) -> Any | None:
@@ -130,7 +248,7 @@ class GrammarDrafts:
                 out[i] = _cut(trees[i], slots)
                 continue
             try:
-                cursor = XGrammarCursor(matcher, _stop_ids(req))
+                cursor = XGrammarCursor(matcher, _stop_ids(req), self._style_of(req))
                 out[i] = shape(trees[i], cursor, slots, tokenizer, self.stats)
                 self._remember(req, cursor)
             except Exception as exc:  # noqa: BLE001 - today's draft, never a failed step
@@ -149,11 +267,22 @@ class GrammarDrafts:
     def forget(self, rids: list[str]) -> None:
         for rid in rids:
             self._pending.pop(rid, None)
+        self.style.forget(rids)
+
+    def _style_of(self, req: Any) -> Any | None:
+        try:
+            return self.style.of(req)
+        except Exception:  # noqa: BLE001 - the request's own grammar still shapes its draft
+            self.style_faults += 1
+            self.style.disable(req.rid)
+            return None
 
     def summary(self) -> dict[str, Any]:
         return {
             **{f"grammar_{k}": v for k, v in self.stats.as_dict().items()},
             "grammar_stale_skips": self.skipped_stale,
+            "grammar_style_left": self.style.left_style,
+            "grammar_style_faults": self.style_faults,
             "grammar_learned_strings": len(self.tokenizer) if self.tokenizer else 0,
         }
 
