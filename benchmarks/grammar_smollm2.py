@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                 "differing_requests": diff,
                 "wall_s": round(lv["wall_s"], 2),
             }
-    grammar_stats = {n: {k: v for k, v in (s or {}).items() if k.startswith("grammar_")}
+    keep = ("verify_tokens_per_step", "padded_verify_tokens_per_step", "ragged_verify_steps")
+    grammar_stats = {n: {k: v for k, v in (s or {}).items() if k.startswith("grammar_") or k in keep}
                      for n, s in stats.items() if s}  # fmt: skip
     report = {
         "what": "SmolLM2-135M-Instruct, SGLang CPU engine (fp32, torch_native), xgrammar, greedy, "

@@ -20,7 +20,7 @@ import pytest
 
 from sglang_spec_ext.sglang.cpu.graph_capture import ENV as GRAPHS_ENV
 from sglang_spec_ext.sglang.cpu.overlap import ENV as OVERLAP_ENV
-from sglang_spec_ext.sglang.workers.suffix_sessions import STATS_LOG_MARK
+from tests.e2e.test_ragged_verify import _last_stats
 from tests.harness.server import ServerConfig
 
 WIDTH = 8
@@ -84,13 +84,6 @@ def _ask(server, tok, prompt: str, constraint: dict, **sampling) -> list[int]:
     sampling.setdefault("max_new_tokens", NEW_TOKENS)
     out = server.generate(input_ids=ids, **constraint, **sampling)
     return out["output_ids"]
-
-
-def _last_stats(server) -> dict:
-    lines = [ln for ln in server.log_path.read_text(errors="replace").splitlines()
-             if STATS_LOG_MARK in ln]  # fmt: skip
-    assert lines, server.log_tail()
-    return json.loads(lines[-1].split(STATS_LOG_MARK, 1)[1])
 
 
 def _batch(server, tok, **sampling) -> list[list[int]]:

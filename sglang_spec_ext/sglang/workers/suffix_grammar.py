@@ -33,6 +33,7 @@ past it the remaining requests keep their unshaped drafts.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -204,6 +205,8 @@ class GrammarDrafts:
         self.skipped_stale = 0
         self.style = StyleMatchers()
         self.style_faults = 0
+        self.steps = 0  # steps that shaped at least one request
+        self.shape_s = 0.0  # host seconds those steps spent shaping
 
     # -- which requests -----------------------------------------------------------------
     def matcher_of(self, req: Any) -> Any | None:
@@ -237,6 +240,15 @@ class GrammarDrafts:
     ) -> list[DraftTree]:
         """Each grammar request's tree shaped to ``slots`` nodes; the others unchanged."""
         budget = StepBudget(self.budget_s)
+        self.steps += 1
+        try:
+            return self._shape_all(reqs, trees, slots, matchers, budget)
+        finally:
+            self.shape_s += time.perf_counter() - budget.started
+
+    def _shape_all(
+        self, reqs: list, trees: list[DraftTree], slots: int, matchers: list, budget: StepBudget
+    ) -> list[DraftTree]:
         out = list(trees)
         for i, (req, matcher) in enumerate(zip(reqs, matchers, strict=True)):
             if matcher is None:
@@ -281,6 +293,10 @@ class GrammarDrafts:
         return {
             **{f"grammar_{k}": v for k, v in self.stats.as_dict().items()},
             "grammar_stale_skips": self.skipped_stale,
+            "grammar_steps": self.steps,
+            "grammar_shape_ms_per_step": round(1000 * self.shape_s / self.steps, 3)
+            if self.steps
+            else 0.0,
             "grammar_style_left": self.style.left_style,
             "grammar_style_faults": self.style_faults,
             "grammar_learned_strings": len(self.tokenizer) if self.tokenizer else 0,

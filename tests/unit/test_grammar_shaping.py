@@ -230,3 +230,62 @@ def test_compact_style_matcher_forces_separators_the_lenient_grammar_does_not(tm
     assert cursor.forced_string() == '"city": "'
     cursor.rollback(1)
     assert compact.find_jump_forward_string() == '{"city": "'
+
+
+def test_grammar_drafts_on_host_shaped_requests(tmp_path, caplog) -> None:
+    """GrammarDrafts (the SUFFIX worker's part) on stand-in requests holding real xgrammar
+    grammars: shapes in-sync requests, leaves a stale matcher or another backend's grammar
+    alone (said once), keeps unshaped drafts past the time budget, learns a forced string's
+    tokenisation from what the request committed next, and forgets a closed request."""
+    import logging
+    from types import SimpleNamespace
+
+    xg = pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
+    from sglang_spec_ext.sglang.workers.suffix_grammar import GrammarDrafts
+
+    model = build_tiny_llama(tmp_path / "tiny", seed=0)
+    tok = AutoTokenizer.from_pretrained(model)
+    info = xg.TokenizerInfo.from_huggingface(tok)
+    schema = json.dumps({"type": "object", "properties": {"city": {"type": "string"}},
+                         "required": ["city"]})  # fmt: skip
+    compiled = xg.GrammarCompiler(info).compile_json_schema(schema)
+
+    def req(rid, output=()):
+        m = xg.GrammarMatcher(compiled)
+        for t in output:
+            assert m.accept_token(t)
+        grammar = SimpleNamespace(matcher=m, accepted_tokens=list(output),
+                                  ctx=SimpleNamespace(tokenizer_info=info))  # fmt: skip
+        return SimpleNamespace(rid=rid, grammar=grammar, output_ids=list(output),
+                               sampling_params=SimpleNamespace(json_schema=schema))  # fmt: skip
+
+    gd = GrammarDrafts(enabled=True, budget_ms=1000.0, tokenizer_path=str(model))
+    fresh, stale = req("a"), req("b")
+    stale.grammar.accepted_tokens = [1]  # the matcher is not at the committed state
+    other = SimpleNamespace(rid="c", grammar=object(), output_ids=[])
+    with caplog.at_level(logging.INFO, logger="sglang_spec_ext"):
+        matchers = [gd.matcher_of(r) for r in (fresh, stale, other, other)]
+    assert matchers[0] is fresh.grammar.matcher and matchers[1:] == [None, None, None]
+    assert gd.skipped_stale == 1
+    assert sum("xgrammar backend only" in r.message for r in caplog.records) == 1
+    out = gd.shape_batch([fresh], [DraftTree()], 8, matchers[:1])
+    text = tok.decode(out[0].tokens)
+    assert text.startswith('{"city": "'), text  # the one-line layout companion
+    assert gd.summary()["grammar_forced"] == len(out[0].tokens)
+    # next step: the request committed the forced string its own way; it is learned
+    committed = tok.encode('{"city": "', add_special_tokens=False)
+    later = req("a", committed)
+    gd.shape_batch([later], [DraftTree()], 8, [later.grammar.matcher])
+    # the lenient grammar forced "{" at the first step; the target spelled it with one token
+    assert tok.decode(committed[:1]) == "{"
+    assert gd.tokenizer.learned("{") == tuple(committed[:1])
+    gd.forget(["a"])
+    assert "a" not in gd._pending
+    # no time left: the draft stays as drafted, cut to the slots
+    gd0 = GrammarDrafts(enabled=True, budget_ms=0.0)
+    big = DraftTree(list(range(5, 15)), [-1] + list(range(9)), [0.9] * 10, 9.0, 4)
+    cut = gd0.shape_batch([fresh], [big], 4, [fresh.grammar.matcher])[0]
+    assert cut.tokens == big.tokens[:4] and gd0.stats.over_budget == 1
