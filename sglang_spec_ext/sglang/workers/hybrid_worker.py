@@ -89,9 +89,9 @@ class HybridMixin:
 
         config = plugin_config()
         self.hybrid = HybridState(config.hybrid_policy)
-        self._suffix = SuffixWorker.drafting_only(use_tree=self.topk > 1)
-        self._suffix._grammar.tokenizer_path = getattr(
-            getattr(self, "server_args", None), "tokenizer_path", None
+        self._suffix = SuffixWorker.drafting_only(
+            use_tree=self.topk > 1,
+            tokenizer_path=getattr(getattr(self, "server_args", None), "tokenizer_path", None),
         )
         # the first draft token's confidence, from the draft extend (hybrid_confidence.py)
         self._first = FirstTokenProbs()

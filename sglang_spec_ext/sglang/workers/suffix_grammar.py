@@ -37,6 +37,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from sglang_spec_ext.sglang.serving.request_options import cap_tree
 from sglang_spec_ext.suffix.draft import DraftTree
 from sglang_spec_ext.suffix.grammar import ForcedTokenizer, ShapeStats, StepBudget, shape
 
@@ -257,7 +258,7 @@ class GrammarDrafts:
             self._learn(req, tokenizer)
             if budget.spent():
                 self.stats.over_budget += 1
-                out[i] = _cut(trees[i], slots)
+                out[i] = cap_tree(trees[i], slots)  # unshaped, cut to the slots
                 continue
             try:
                 cursor = XGrammarCursor(matcher, _stop_ids(req), self._style_of(req))
@@ -273,7 +274,7 @@ class GrammarDrafts:
                         exc,
                         self.stats.faults,
                     )
-                out[i] = _cut(trees[i], slots)
+                out[i] = cap_tree(trees[i], slots)  # unshaped, cut to the slots
         return out
 
     def forget(self, rids: list[str]) -> None:
@@ -332,16 +333,6 @@ class GrammarDrafts:
         committed = list(req.output_ids[start:])
         if committed:
             tokenizer.learn(forced, committed)
-
-
-def _cut(tree: DraftTree, slots: int) -> DraftTree:
-    """An unshaped candidate tree cut to its first ``slots`` nodes (topological order keeps
-    every parent)."""
-    if len(tree.tokens) <= slots:
-        return tree
-    probs = tree.probs[:slots]
-    return DraftTree(tree.tokens[:slots], tree.parents[:slots], probs, float(sum(probs)),
-                     tree.match_len)  # fmt: skip
 
 
 def _stop_ids(req: Any) -> list[int]:

@@ -112,12 +112,16 @@ class SuffixWorker(
         )
 
     @classmethod
-    def drafting_only(cls, use_tree: bool | None = None) -> SuffixWorker:
+    def drafting_only(
+        cls, use_tree: bool | None = None, tokenizer_path: str | None = None
+    ) -> SuffixWorker:
         """The drafter and its request sessions without the host worker: what HYBRID
-        (``hybrid_worker.py``) composes. ``use_tree=False`` drafts chains."""
+        (``hybrid_worker.py``) composes. ``use_tree=False`` drafts chains;
+        ``tokenizer_path``: the served model's tokenizer, for grammar drafts' forced strings."""
         worker = object.__new__(cls)
         worker.enable_overlap = False
         worker._init_drafter(use_tree)
+        worker._grammar.tokenizer_path = tokenizer_path
         worker._gate = None  # HYBRID chooses per request; it has its own calibration
         return worker
 
