@@ -136,6 +136,7 @@ class PluginConfig:
     ragged_verify: bool = True
     grammar_drafts: bool = True
     grammar_draft_ms: float = 20.0
+    grammar_overlap: bool = True
     draft_kv_repair: bool = False
     draft_kv_repair_max_tokens: int = 8192
     stats_log_interval_s: float = 30.0

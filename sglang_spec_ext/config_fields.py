@@ -181,6 +181,15 @@ FIELDS: tuple[Field, ...] = (
         10000.0,
     ),
     Field(
+        "grammar_overlap",
+        bool,
+        True,
+        "grammar batches keep overlap scheduling under SUFFIX, adaptive SUFFIX and HYBRID: the "
+        "host hands the worker its grammar barrier (supports_grammar_overlap) and the worker "
+        "advances the grammar FSM over the previous step's tokens inside its step; off: the "
+        "host runs every grammar batch synchronously, as for its NGRAM",
+    ),
+    Field(
         "stats_log_interval_s",
         float,
         30.0,

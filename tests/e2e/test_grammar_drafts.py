@@ -4,10 +4,12 @@ engine with the host's xgrammar backend.
 Structured requests (a tool call under a JSON schema with nested objects, enums and an
 array; a regex; JSON mode) beside an unconstrained one, sent together, twice (the second
 round drafts from the first's answers). Greedy output must equal plain constrained decoding
-token for token on every server: eager, the GPU default path's emulation (graphs + overlap;
-the host runs grammar batches synchronously), and the same server with grammar drafts off.
-The grammar servers' stats must show shaped drafts (nodes cut and forced nodes drafted);
-the control's none. Sampled constrained requests must still follow their grammar.
+token for token on every server: eager; the GPU default path's emulation (graphs + overlap),
+where grammar batches keep overlap scheduling (the worker takes the host's grammar barrier:
+its stats count the steps); overlap with grammar overlap off (the host syncs every grammar
+batch: no barrier step); and a server with grammar drafts off. The grammar servers' stats
+must show shaped drafts (nodes cut and forced nodes drafted); the control's none. Sampled
+constrained requests must still follow their grammar.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ SERVED = {
         ("--cuda-graph-bs-decode", "1", "2", "4"),
         {GRAPHS_ENV: "1", OVERLAP_ENV: "1"},
     ),
+    "grammar-overlap-synced": ((), {OVERLAP_ENV: "1", "SGLANG_SPEC_EXT_GRAMMAR_OVERLAP": "0"}),
     "control": ((), {"SGLANG_SPEC_EXT_GRAMMAR_DRAFTS": "0"}),
 }
 
@@ -109,6 +112,11 @@ def test_greedy_parity_with_plain_constrained_decoding(servers, tiny_baseline_se
         return
     assert stats["grammar_requests"] > 0 and stats["grammar_forced"] > 0, shaped
     assert stats["grammar_faults"] == 0, shaped
+    if name == "grammar-graphs+overlap":  # the host kept overlap for the grammar batches
+        assert stats["grammar_barrier_steps"] > 0, shaped
+        assert stats["grammar_stale_skips"] <= stats["grammar_barrier_steps"] // 4, shaped
+    else:
+        assert stats["grammar_barrier_steps"] == 0, shaped
 
 
 def _follows(tok, constraint: dict, ids: list[int]) -> bool:

@@ -289,3 +289,57 @@ def test_grammar_drafts_on_host_shaped_requests(tmp_path, caplog) -> None:
     big = DraftTree(list(range(5, 15)), [-1] + list(range(9)), [0.9] * 10, 9.0, 4)
     cut = gd0.shape_batch([fresh], [big], 4, [fresh.grammar.matcher])[0]
     assert cut.tokens == big.tokens[:4] and gd0.stats.over_budget == 1
+
+
+def test_grammar_drafts_under_overlap_relay(tmp_path) -> None:
+    """Under overlap scheduling a request's committed tokens are ``output_ids`` plus the
+    previous step's relayed tokens. GrammarDrafts takes its matcher as is where the FSM has
+    accepted them (SUFFIX calls the host's grammar barrier first), feeds a fork of it where
+    the FSM is one step behind (HYBRID: the host's verify advances it later), never moving
+    the request's own matcher, and skips any other count; the layout companion and the
+    learned tokenisation follow the same committed tokens."""
+    from types import SimpleNamespace
+
+    xg = pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
+    from sglang_spec_ext.sglang.workers.suffix_grammar import GrammarDrafts, committed_tail
+
+    model = build_tiny_llama(tmp_path / "tiny", seed=0)
+    tok = AutoTokenizer.from_pretrained(model)
+    info = xg.TokenizerInfo.from_huggingface(tok)
+    schema = json.dumps({"type": "object", "properties": {"city": {"type": "string"}},
+                         "required": ["city"]})  # fmt: skip
+    compiled = xg.GrammarCompiler(info).compile_json_schema(schema)
+    head = [*tok.encode("{", add_special_tokens=False), *tok.encode('"', add_special_tokens=False)]
+    assert len(head) == 2
+
+    def req(output, fed):
+        m = xg.GrammarMatcher(compiled)
+        for t in fed:
+            assert m.accept_token(t)
+        grammar = SimpleNamespace(matcher=m, accepted_tokens=list(fed),
+                                  ctx=SimpleNamespace(tokenizer_info=info))  # fmt: skip
+        return SimpleNamespace(rid="a", grammar=grammar, output_ids=list(output),
+                               sampling_params=SimpleNamespace(json_schema=schema))  # fmt: skip
+
+    out, prev = head[:1], head[1:]
+    assert committed_tail(req(out, out), prev, 0) == head
+    assert committed_tail(req(out, out), prev, len(head) - 1) == head[-1:]
+    gd = GrammarDrafts(enabled=True, budget_ms=1000.0, tokenizer_path=str(model))
+    advanced = req(out, head)  # the barrier ran: the FSM holds the relayed tokens
+    assert gd.matcher_of(advanced, prev) is advanced.grammar.matcher
+    behind = req(out, out)  # not yet: a fork is fed them; the request's matcher stays
+    fork = gd.matcher_of(behind, prev)
+    assert fork is not None and fork is not behind.grammar.matcher
+    assert gd.fed_relayed == 1
+    assert fork.find_jump_forward_string().startswith("city")
+    assert behind.grammar.matcher.fork().accept_token(head[1])  # it still stands before them
+    assert gd.matcher_of(req(out, []), prev) is None and gd.skipped_stale == 1
+    bad = req(out, out)
+    assert gd.matcher_of(bad, [tok.encode("}", add_special_tokens=False)[0]] * 3) is None
+    # shaping from the relayed state: the draft continues the committed text
+    shaped = gd.shape_batch([behind], [DraftTree()], 8, [fork], [prev])[0]
+    assert tok.decode(shaped.tokens).startswith('city": "'), tok.decode(shaped.tokens)
+    assert gd._pending["a"][0] == len(head)  # remembered at the committed count

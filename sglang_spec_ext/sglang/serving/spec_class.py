@@ -13,6 +13,7 @@ graph runner builds NGRAM verify inputs, and no draft KV is reserved.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
@@ -21,8 +22,24 @@ if TYPE_CHECKING:
     import torch
 
 
+@lru_cache(maxsize=1)
+def grammar_overlap() -> bool:
+    """``SGLANG_SPEC_EXT_GRAMMAR_OVERLAP`` (read once per process: the scheduler asks every
+    step)."""
+    from sglang_spec_ext.sglang.serving.server_args import plugin_config
+
+    return bool(plugin_config().grammar_overlap)
+
+
 class _PluginSpecAlgo(CustomSpecAlgo):
-    """What every algorithm of ours answers alike: the host's future map, no platform worker."""
+    """What every algorithm of ours answers alike: the host's future map, no platform
+    worker, and grammar batches under overlap scheduling: our workers take the scheduler's
+    grammar barrier and advance the grammar FSM inside their step (SUFFIX before it drafts,
+    the FSM advance is the drafts' input too; HYBRID in the host's EAGLE verify, under the
+    target's forward). Without it the host syncs every grammar batch, as for its NGRAM."""
+
+    def supports_grammar_overlap(self) -> bool:
+        return grammar_overlap()
 
     def create_future_map(
         self,

@@ -99,7 +99,9 @@ class AdaptiveSuffixWorker(SuffixWorker):
         self._verify_backends.prepare(range(1, self.max_width + 1))
 
     # -- the step ----------------------------------------------------------------
-    def forward_batch_generation(self, batch: Any, on_publish=None, pp_proxy_tensors=None):
+    def forward_batch_generation(
+        self, batch: Any, on_publish=None, pp_proxy_tensors=None, *, grammar_barrier=None
+    ):
         if not batch.forward_mode.is_decode():
             self._pending = None  # a prefill in between: no decode step time to measure
             # The host's extend path relays accept_tokens at draft_token_num: that
@@ -107,7 +109,10 @@ class AdaptiveSuffixWorker(SuffixWorker):
             # (and which every relayed row stride assumes), not the last decode width.
             self._use_width(self.max_width)
             return super().forward_batch_generation(
-                batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors
+                batch,
+                on_publish=on_publish,
+                pp_proxy_tensors=pp_proxy_tensors,
+                grammar_barrier=grammar_barrier,
             )
         now = time.perf_counter()
         bs = len(batch.reqs)
@@ -116,7 +121,10 @@ class AdaptiveSuffixWorker(SuffixWorker):
         width = self._choose_width(bs, rids)
         self._use_width(width)
         result = super().forward_batch_generation(
-            batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors
+            batch,
+            on_publish=on_publish,
+            pp_proxy_tensors=pp_proxy_tensors,
+            grammar_barrier=grammar_barrier,
         )
         self._pending = (bs, width - 1, result.accept_lens, rids, now)
         if width < self.max_width and result.next_draft_input is not None:

@@ -158,7 +158,7 @@ class HybridMixin:
         self._read_host([])
         self._close_departed(batch)
         width = self._width
-        rids, committed = [], []
+        rids, committed, relayed = [], [], []
         for req in batch.reqs:
             out = req.output_ids
             total, beyond, resynced = self._commits.committed(req.rid, out)
@@ -174,10 +174,11 @@ class HybridMixin:
                 self.hybrid.finish(req.rid)
             rids.append(req.rid if ok else None)
             committed.append(total)
+            relayed.append(beyond)
         self._starts = committed
         ok = [r is not None and r in self._suffix.drafter for r in rids]
         # grammar requests' drafts shaped by their grammar (suffix_grammar.py)
-        trees = self._suffix._drafts(batch.reqs, [r or "" for r in rids], ok, width - 1)
+        trees = self._suffix._drafts(batch.reqs, [r or "" for r in rids], ok, width - 1, relayed)
         drafts = [
             cap_tree(tree, max_draft_tokens(req)) if good else None
             for tree, good, req in zip(trees, ok, batch.reqs, strict=True)

@@ -8,9 +8,13 @@ continuation is drafted below the most likely path, and the most likely ``width 
 nodes are kept. The host's verify then applies the grammar as always, so what the target
 commits does not change.
 
-When it runs: the host makes every grammar batch synchronous (``grammar_needs_sync``), so at
-draft time a request's matcher has accepted exactly its committed tokens; a request whose
-matcher disagrees (its accepted-token count is not the committed count) is left alone.
+When it runs: at draft time a request's matcher must stand at its committed tokens. Under
+overlap scheduling those include the previous step's tokens that ``req.output_ids`` does
+not hold yet (relayed, ``suffix_relay.py``): SUFFIX calls the host's grammar barrier before
+it drafts, so the matcher has accepted them; HYBRID drafts before the host's verify calls
+the barrier, so a fork of the matcher is fed them here. With grammar overlap off the host
+syncs every grammar batch and nothing is relayed. A request whose matcher is at neither
+count is left alone (``grammar_stale_skips``).
 Which grammars: the host's xgrammar backend (its default). Another backend's grammar
 objects (outlines, llguidance) keep today's drafts, said once in the log.
 
@@ -125,7 +129,9 @@ class StyleMatchers:
         self.request_bound = request_bound
         self.left_style = 0  # requests whose output left every layout
 
-    def of(self, req: Any) -> Any | None:
+    def of(self, req: Any, prev: list[int] = ()) -> Any | None:
+        """The first layout matcher still standing at ``req``'s committed tokens
+        (``prev``: its relayed tokens), or None."""
         schema = getattr(getattr(req, "sampling_params", None), "json_schema", None)
         if not schema:
             return None
@@ -144,13 +150,13 @@ class StyleMatchers:
         matchers, fed = entry
         if not any(m is not None for m in matchers):
             return None
-        new = req.output_ids[fed:]
+        new = committed_tail(req, prev, fed)
         for i, m in enumerate(matchers):
             if m is not None and not all(
                 not m.is_terminated() and m.accept_token(int(t)) for t in new
             ):
                 matchers[i] = None
-        entry[1] = len(req.output_ids)
+        entry[1] = len(req.output_ids) + len(prev)
         alive = [m for m in matchers if m is not None]
         if not alive:
             self.left_style += 1
@@ -184,6 +190,16 @@ class StyleMatchers:
         return compiled
 
 
+def committed_tail(req: Any, prev: list[int], start: int) -> list[int]:
+    """``req``'s committed tokens from position ``start`` of its output: ``req.output_ids``
+    then ``prev``, the previous step's tokens it does not hold yet (overlap relay)."""
+    out = req.output_ids
+    n = len(out)
+    if start >= n:
+        return list(prev[start - n :])
+    return list(out[start:]) + list(prev)
+
+
 def _matcher(req: Any) -> Any | None:
     grammar = getattr(req, "grammar", None)
     matcher = getattr(grammar, "matcher", None)
@@ -204,14 +220,18 @@ class GrammarDrafts:
         self._pending: dict[str, tuple[int, str]] = {}  # rid -> (committed count, forced)
         self._unsupported: set[str] = set()
         self.skipped_stale = 0
+        self.fed_relayed = 0  # matchers forked and fed the relayed tokens (HYBRID, overlap)
+        self.barrier_steps = 0  # decode steps whose grammar FSM advanced through the barrier
         self.style = StyleMatchers()
         self.style_faults = 0
         self.steps = 0  # steps that shaped at least one request
         self.shape_s = 0.0  # host seconds those steps spent shaping
 
     # -- which requests -----------------------------------------------------------------
-    def matcher_of(self, req: Any) -> Any | None:
-        """The request's xgrammar matcher when shaping applies to it, else None."""
+    def matcher_of(self, req: Any, prev: list[int] = ()) -> Any | None:
+        """An xgrammar matcher at the request's committed tokens (``prev``: its relayed
+        tokens, overlap) when shaping applies to it, else None: its own matcher, or a fork
+        of it fed ``prev`` where the FSM has not advanced over them yet."""
         if not self.enabled or getattr(req, "grammar", None) is None:
             return None
         matcher = _matcher(req)
@@ -225,11 +245,18 @@ class GrammarDrafts:
                     kind,
                 )
             return None
+        if matcher.is_terminated():
+            return None  # finishing: nothing left to draft
         accepted = getattr(req.grammar, "accepted_tokens", None)
-        if accepted is not None and len(accepted) != len(req.output_ids):
-            self.skipped_stale += 1  # the matcher is not at the committed state
-            return None
-        return matcher
+        if accepted is None or len(accepted) == len(req.output_ids) + len(prev):
+            return matcher
+        if prev and len(accepted) == len(req.output_ids):  # FSM one step behind: catch up
+            fork = matcher.fork()
+            if all(not fork.is_terminated() and fork.accept_token(int(t)) for t in prev):
+                self.fed_relayed += 1
+                return fork
+        self.skipped_stale += 1  # the matcher is not at the committed state
+        return None
 
     def candidates(self, slots: int) -> int:
         """Candidate nodes to ask the drafter for a grammar request with ``slots`` nodes."""
@@ -237,33 +264,47 @@ class GrammarDrafts:
 
     # -- the step -----------------------------------------------------------------------
     def shape_batch(
-        self, reqs: list[Any], trees: list[DraftTree], slots: int, matchers: list[Any | None]
+        self,
+        reqs: list[Any],
+        trees: list[DraftTree],
+        slots: int,
+        matchers: list[Any | None],
+        prevs: list[list[int]] | None = None,
     ) -> list[DraftTree]:
-        """Each grammar request's tree shaped to ``slots`` nodes; the others unchanged."""
+        """Each grammar request's tree shaped to ``slots`` nodes; the others unchanged.
+        ``prevs``: per request, its relayed tokens (overlap), as given to :meth:`matcher_of`."""
         budget = StepBudget(self.budget_s)
         self.steps += 1
+        if prevs is None:
+            prevs = [[] for _ in reqs]
         try:
-            return self._shape_all(reqs, trees, slots, matchers, budget)
+            return self._shape_all(reqs, trees, slots, matchers, prevs, budget)
         finally:
             self.shape_s += time.perf_counter() - budget.started
 
     def _shape_all(
-        self, reqs: list, trees: list[DraftTree], slots: int, matchers: list, budget: StepBudget
+        self,
+        reqs: list,
+        trees: list[DraftTree],
+        slots: int,
+        matchers: list,
+        prevs: list[list[int]],
+        budget: StepBudget,
     ) -> list[DraftTree]:
         out = list(trees)
-        for i, (req, matcher) in enumerate(zip(reqs, matchers, strict=True)):
+        for i, (req, matcher, prev) in enumerate(zip(reqs, matchers, prevs, strict=True)):
             if matcher is None:
                 continue
             tokenizer = self._tokenizer(req)
-            self._learn(req, tokenizer)
+            self._learn(req, prev, tokenizer)
             if budget.spent():
                 self.stats.over_budget += 1
                 out[i] = cap_tree(trees[i], slots)  # unshaped, cut to the slots
                 continue
             try:
-                cursor = XGrammarCursor(matcher, _stop_ids(req), self._style_of(req))
+                cursor = XGrammarCursor(matcher, _stop_ids(req), self._style_of(req, prev))
                 out[i] = shape(trees[i], cursor, slots, tokenizer, self.stats)
-                self._remember(req, cursor)
+                self._remember(req, len(req.output_ids) + len(prev), cursor)
             except Exception as exc:  # noqa: BLE001 - today's draft, never a failed step
                 self.stats.faults += 1
                 if self.stats.faults == 1 or self.stats.faults % 1000 == 0:
@@ -282,9 +323,9 @@ class GrammarDrafts:
             self._pending.pop(rid, None)
         self.style.forget(rids)
 
-    def _style_of(self, req: Any) -> Any | None:
+    def _style_of(self, req: Any, prev: list[int]) -> Any | None:
         try:
-            return self.style.of(req)
+            return self.style.of(req, prev)
         except Exception:  # noqa: BLE001 - the request's own grammar still shapes its draft
             self.style_faults += 1
             self.style.disable(req.rid)
@@ -294,6 +335,8 @@ class GrammarDrafts:
         return {
             **{f"grammar_{k}": v for k, v in self.stats.as_dict().items()},
             "grammar_stale_skips": self.skipped_stale,
+            "grammar_fed_relayed": self.fed_relayed,
+            "grammar_barrier_steps": self.barrier_steps,
             "grammar_steps": self.steps,
             "grammar_shape_ms_per_step": round(1000 * self.shape_s / self.steps, 3)
             if self.steps
@@ -316,21 +359,21 @@ class GrammarDrafts:
             self.tokenizer = ForcedTokenizer(vocab=vocab, encode=_hf_encoder(self.tokenizer_path))
         return self.tokenizer
 
-    def _remember(self, req: Any, cursor: XGrammarCursor) -> None:
+    def _remember(self, req: Any, committed: int, cursor: XGrammarCursor) -> None:
         forced = cursor.forced_string()  # at the committed state (the cursor is back there)
         if forced:
-            self._pending[req.rid] = (len(req.output_ids), forced)
+            self._pending[req.rid] = (committed, forced)
             while len(self._pending) > PENDING_BOUND:
                 self._pending.pop(next(iter(self._pending)))
         else:
             self._pending.pop(req.rid, None)
 
-    def _learn(self, req: Any, tokenizer: ForcedTokenizer) -> None:
+    def _learn(self, req: Any, prev: list[int], tokenizer: ForcedTokenizer) -> None:
         pending = self._pending.pop(req.rid, None)
         if pending is None:
             return
         start, forced = pending
-        committed = list(req.output_ids[start:])
+        committed = committed_tail(req, prev, start)
         if committed:
             tokenizer.learn(forced, committed)
 

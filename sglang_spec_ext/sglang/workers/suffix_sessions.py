@@ -92,6 +92,7 @@ class DrafterSessionsMixin:
         configured (warm restarts, ``sglang/serving/snapshots.py``, opt-in)."""
         self._sessions: dict[str, Session] = {}
         self._faults: Counter[str] = Counter()  # stage -> drafting faults absorbed
+        self._relay_repeats = 0  # relayed tokens output_ids already held (see _unrelayed)
         self._fault_log = FaultLog()
         self._stats_logged_at: float | None = None
         self._stats_log_interval_s = config.stats_log_interval_s
@@ -105,6 +106,26 @@ class DrafterSessionsMixin:
                 self._snapshots.load_into(self.drafter)
 
     # -- what each request committed -------------------------------------------------
+    def _unrelayed(self, req: Any, prev: list[int]) -> list[int]:
+        """``prev`` (the overlap relay's tokens for ``req``: what its previous step
+        accepted), or nothing where ``req.output_ids`` already holds them.
+
+        The relay carries a request's last step, not the batch's last: when another batch
+        ran in between (another request's prefill, say), the scheduler has processed that
+        step by now and the same tokens are relayed again. The host's NGRAM splices them a
+        second time; counted here, they would push the drafter's context past tokens it
+        never saw. Seen from the session: the output reached exactly what was synced plus
+        ``prev``, and holds ``prev`` there (a lagging output holds only what was synced)."""
+        if not prev:
+            return prev
+        session = self._sessions.get(req.rid)
+        synced = session.synced if session is not None else 0
+        out = req.output_ids
+        if len(out) == synced + len(prev) and list(out[synced:]) == list(prev):
+            self._relay_repeats = getattr(self, "_relay_repeats", 0) + 1
+            return []
+        return prev
+
     def _sync(self, req: Any, prev: list[int]) -> None:
         """Push what ``req`` committed since the last step to the drafter.
 
@@ -192,6 +213,7 @@ class DrafterSessionsMixin:
             "sessions": len(self._sessions),
             "draft_faults": sum(self._faults.values()),
             "draft_faults_by_stage": dict(self._faults),
+            "relay_repeats": getattr(self, "_relay_repeats", 0),
         }
         try:
             stats.update(self.drafter.stats())

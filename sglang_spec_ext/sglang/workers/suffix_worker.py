@@ -171,11 +171,21 @@ class SuffixWorker(
         self._init_sessions(config)  # suffix_sessions.py (and a snapshot's warm restart)
 
     # -- the step: the host's NGRAM step, or a plain one where nothing was drafted ---
-    def forward_batch_generation(self, batch: Any, on_publish=None, pp_proxy_tensors=None):
+    def forward_batch_generation(
+        self, batch: Any, on_publish=None, pp_proxy_tensors=None, *, grammar_barrier=None
+    ):
         """The host's NGRAM step, or a plain decode step where no request of the batch
         has a draft (``plain_step.py``; the emptiness is the verified drafts', the same
-        on every TP rank)."""
+        on every TP rank).
+
+        ``grammar_barrier`` (grammar batches under overlap scheduling, where our spec class
+        says ``supports_grammar_overlap``): advances each request's grammar FSM over the
+        previous step's tokens; called before drafting, since grammar-aware drafts start
+        from that state and the host's verify mask needs it too."""
         self._staged = None
+        if grammar_barrier is not None and batch.has_grammar and batch.forward_mode.is_decode():
+            grammar_barrier()
+            self._grammar.barrier_steps += 1
         if self._gate is not None:
             self._time_gate_step(batch)
         if self._plain_steps and batch.forward_mode.is_decode() and batch.reqs:
@@ -315,7 +325,8 @@ class SuffixWorker(
         self._maybe_log_stats()
         width = self.draft_token_num
         rids, roots, ok = [], [], []
-        prevs = relayed_per_request(batch, self.enable_overlap)
+        prevs = [self._unrelayed(req, prev) for req, prev in
+                 zip(batch.reqs, relayed_per_request(batch, self.enable_overlap), strict=True)]  # fmt: skip
         for req, prev in zip(batch.reqs, prevs, strict=True):
             rids.append(req.rid)
             roots.append(last_token(req, prev))
@@ -323,7 +334,7 @@ class SuffixWorker(
 
         # A fault may have reset the whole drafter: draft only for live sessions.
         ok = [good and rid in self.drafter for rid, good in zip(rids, ok, strict=True)]
-        trees = self._drafts(batch.reqs, rids, ok, width - 1)
+        trees = self._drafts(batch.reqs, rids, ok, width - 1, prevs)
         trees = [
             cap_tree(tree, max_draft_tokens(req))
             for tree, req in zip(trees, batch.reqs, strict=True)
@@ -350,12 +361,15 @@ class SuffixWorker(
             self._set_lens(trees)
             return pack_batch(trees, roots, width)
 
-    def _drafts(self, reqs: list, rids: list[str], ok: list[bool], slots: int) -> list[DraftTree]:
+    def _drafts(
+        self, reqs: list, rids: list[str], ok: list[bool], slots: int, prevs: list[list[int]]
+    ) -> list[DraftTree]:
         """Each request's suffix draft of up to ``slots`` nodes (empty where its session is
         not live); a grammar request's drafted from more candidates and shaped by its
-        grammar (suffix_grammar.py)."""
-        matchers = [self._grammar.matcher_of(req) if good else None
-                    for req, good in zip(reqs, ok, strict=True)]  # fmt: skip
+        grammar (suffix_grammar.py). ``prevs``: each request's committed tokens not yet in
+        ``req.output_ids`` (overlap relay)."""
+        matchers = [self._grammar.matcher_of(req, prev) if good else None
+                    for req, good, prev in zip(reqs, ok, prevs, strict=True)]  # fmt: skip
         trees = [DraftTree() for _ in reqs]
         plain = [i for i, good in enumerate(ok) if good and matchers[i] is None]
         shaped = [i for i, m in enumerate(matchers) if m is not None]
@@ -365,7 +379,7 @@ class SuffixWorker(
             ):
                 trees[i] = tree
         if shaped:
-            trees = self._grammar.shape_batch(reqs, trees, slots, matchers)
+            trees = self._grammar.shape_batch(reqs, trees, slots, matchers, prevs)
         return trees
 
     def _update_ngram_corpus(self, batch: Any) -> None:
