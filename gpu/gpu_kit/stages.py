@@ -206,6 +206,13 @@ def _summarize_probe(figures: dict[str, Any]) -> dict[str, Any]:
                    "forward_ms": round(1e3 * f["fwd_s"] / n, 3),
                    "host_outside_forward_ms": round(1e3 * (f["step_s"] - f["fwd_s"]) / n, 3),
                    "cpu_outside_forward_ms": round(1e3 * (f["step_cpu_s"] - f["fwd_cpu_s"]) / n, 3)}  # fmt: skip
+            if f.get("results"):
+                row["result_cpu_ms"] = round(1e3 * f["result_cpu_s"] / f["results"], 3)
+            if f.get("loops"):
+                row["loop_ms"] = round(1e3 * f["loop_s"] / f["loops"], 3)
+                row["loop_cpu_ms"] = round(1e3 * f["loop_cpu_s"] / f["loops"], 3)
+            if "launched_overlapped" in f:
+                row["launched_overlapped"] = round(f["launched_overlapped"] / n, 3)
             if phase.startswith("sync"):
                 row["syncs_per_step_in_run_batch"] = round(f["syncs_in_step"] / n, 2)
                 row["syncs_per_step_elsewhere"] = round(f["syncs_elsewhere"] / n, 2)

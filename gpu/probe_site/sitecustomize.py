@@ -8,6 +8,16 @@ host-time stage); then, in the scheduler process, through the host's ``HookRegis
   wall and thread-CPU, and so is every ``ModelRunner.forward`` inside it; the difference
   is the host time per step outside the forwards (with CUDA graphs a forward's host part
   is the graph replay launch);
+* every ``Scheduler.process_batch_result`` of a decode batch is timed too (``result_*``:
+  the host's processing of a step's results: output lists, finish checks, the grammar
+  FSM advance where the worker did not do it, streaming), and so is the scheduler loop
+  from one decode launch to the next where no other batch ran in between (``loop_*``:
+  everything the loop does per step; ``loop_step_cpu_s``, ``loop_fwd_cpu_s`` and
+  ``loop_result_cpu_s`` are the step, forward and result-processing parts of those same
+  intervals, so the rest of the loop is their difference);
+  ``launched_overlapped`` counts decode launches made while the previous result was still
+  unprocessed (the overlap loop), the others were synchronous (e.g. grammar batches the
+  host syncs);
 * while the control file's label starts with ``sync``, ``torch.cuda.set_sync_debug_mode``
   is on ("warn") and every synchronizing CUDA operation is counted per decode step, inside
   ``run_batch`` or elsewhere in the scheduler loop, by the innermost sglang or plugin
@@ -90,7 +100,11 @@ def _install(hooks) -> None:  # noqa: N806
         return per.setdefault(str(bs), {"steps": 0, "step_s": 0.0, "fwd_s": 0.0,
                                         "step_cpu_s": 0.0, "fwd_cpu_s": 0.0,
                                         "syncs_in_step": 0, "syncs_elsewhere": 0,
-                                        "sites": {}})  # fmt: skip
+                                        "sites": {}, "results": 0, "result_s": 0.0,
+                                        "result_cpu_s": 0.0, "loops": 0, "loop_s": 0.0,
+                                        "loop_cpu_s": 0.0, "loop_step_cpu_s": 0.0,
+                                        "loop_fwd_cpu_s": 0.0, "loop_result_cpu_s": 0.0,
+                                        "launched_overlapped": 0})  # fmt: skip
 
     def dump() -> None:
         tmp = f"{_OUT}.{os.getpid()}.tmp"
@@ -143,12 +157,29 @@ def _install(hooks) -> None:  # noqa: N806
         mode = batch.forward_mode
         decode = mode.is_decode() if hasattr(mode, "is_decode") else not mode.is_extend()
         if state["depth"] or not decode:
+            if not state["depth"]:
+                state["launch"] = None  # another batch in between: no decode-to-decode loop
             return original(scheduler, batch, *args, **kwargs)
         poll_ctl()
         bs = len(batch.reqs)
         last_bs["bs"] = bs
         state.update(depth=1, fwd=0.0, fwd_cpu=0.0, in_step=True)
         t0, c0 = time.perf_counter(), time.thread_time()
+        # the previous decode launch: [label, bs, wall, cpu, its step cpu, its forwards'
+        # cpu, result-processing cpu since]
+        prev = state.get("launch")
+        if prev is not None and prev[0] == state["label"] and prev[4] is not None:
+            row = bucket(prev[0], prev[1])
+            row["loops"] += 1
+            row["loop_s"] += t0 - prev[2]
+            row["loop_cpu_s"] += c0 - prev[3]
+            row["loop_step_cpu_s"] += prev[4]
+            row["loop_fwd_cpu_s"] += prev[5]
+            row["loop_result_cpu_s"] += prev[6]
+        launch = [state["label"], bs, t0, c0, None, 0.0, 0.0]
+        state["launch"] = launch
+        if getattr(scheduler, "result_queue", None):
+            bucket(state["label"], bs)["launched_overlapped"] += 1
         try:
             return original(scheduler, batch, *args, **kwargs)
         finally:
@@ -158,6 +189,7 @@ def _install(hooks) -> None:  # noqa: N806
             row["step_cpu_s"] += time.thread_time() - c0
             row["fwd_s"] += state["fwd"]
             row["fwd_cpu_s"] += state["fwd_cpu"]
+            launch[4], launch[5] = time.thread_time() - c0, state["fwd_cpu"]
             state.update(depth=0, in_step=False)
             state["steps"] += 1
             if state["steps"] % 10 == 0:
@@ -175,8 +207,29 @@ def _install(hooks) -> None:  # noqa: N806
             state["fwd_cpu"] += time.thread_time() - c0
             state["fwd_depth"] = 0
 
+    def process_batch_result(original, scheduler, batch, *args, **kwargs):
+        mode = getattr(batch, "forward_mode", None)
+        if mode is None or not mode.is_decode() or not getattr(batch, "reqs", None):
+            return original(scheduler, batch, *args, **kwargs)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return original(scheduler, batch, *args, **kwargs)
+        finally:
+            cpu = time.thread_time() - c0
+            row = bucket(state["label"], len(batch.reqs))
+            row["results"] += 1
+            row["result_s"] += time.perf_counter() - t0
+            row["result_cpu_s"] += cpu
+            if state.get("launch") is not None:
+                state["launch"][6] += cpu
+
     HookRegistry.register(
         "sglang.srt.managers.scheduler.Scheduler.run_batch", run_batch, HookType.AROUND
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
+        process_batch_result,
+        HookType.AROUND,
     )
     HookRegistry.register(
         "sglang.srt.model_executor.model_runner.ModelRunner.forward", forward, HookType.AROUND

@@ -173,7 +173,7 @@ def test_probe_registers_hooks_when_the_host_imports_its_registry(tmp_path: Path
         capture_output=True, text=True,
         env={"PYTHONPATH": ":".join(map(str, paths)), "GPU_KIT_PROBE_OUT": str(tmp_path / "o")},
     )  # fmt: skip
-    assert p.stdout.strip() == "1 ['ModelRunner', 'Scheduler']", p.stderr
+    assert p.stdout.strip() == "1 ['ModelRunner', 'Scheduler', 'Scheduler']", p.stderr
 
 
 def test_source_install_fallback_exposes_the_entry_point(tmp_path: Path) -> None:
