@@ -304,7 +304,8 @@ def test_grammar_drafts_under_overlap_relay(tmp_path) -> None:
     from transformers import AutoTokenizer
 
     from sglang_spec_ext.models.testing.llama import build_tiny_llama
-    from sglang_spec_ext.sglang.workers.suffix_grammar import GrammarDrafts, committed_tail
+    from sglang_spec_ext.sglang.workers.suffix_grammar import GrammarDrafts
+    from sglang_spec_ext.sglang.workers.suffix_relay import committed_tail
 
     model = build_tiny_llama(tmp_path / "tiny", seed=0)
     tok = AutoTokenizer.from_pretrained(model)

@@ -21,7 +21,7 @@ objects (outlines, llguidance) keep today's drafts, said once in the log.
 Under the host's default JSON grammar (optional whitespace between tokens) almost nothing is
 forced: whitespace could follow every brace, colon and comma. For a ``json_schema`` request
 matchers of the same schema compiled without optional whitespace, one per layout (one line,
-indented by 2 or 4), follow the committed tokens (``StyleMatchers``) until the output has
+indented by 2 or 4), follow the committed tokens (``grammar_layouts.py``) until the output has
 picked one; where the request's grammar forces nothing, that layout's forced string
 (newlines and indentation, separators, the property names after them) is drafted, each
 token still checked against the request's own grammar. A request whose output leaves every
@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from typing import Any
 
 from sglang_spec_ext.sglang.serving.request_options import cap_tree
+from sglang_spec_ext.sglang.workers.grammar_layouts import StyleMatchers
+from sglang_spec_ext.sglang.workers.suffix_relay import committed_tail
 from sglang_spec_ext.suffix.draft import DraftTree
 from sglang_spec_ext.suffix.grammar import ForcedTokenizer, ShapeStats, StepBudget, shape
 
@@ -106,98 +107,6 @@ class XGrammarCursor:
                 self.m.rollback(1)
                 return stop
         return None
-
-
-#: The layouts a target may write JSON in (xgrammar's ``indent``; None: one line with
-#: ``", "`` and ``": "`` separators), tried side by side until the output picks one.
-STYLES: tuple[int | None, ...] = (None, 2, 4)
-
-
-class StyleMatchers:
-    """Per JSON-schema request, matchers of the same schema compiled without optional
-    whitespace in each layout of :data:`STYLES` (one line; indented by 2 or 4), kept at the
-    request's committed tokens (fed as they commit); a layout the output leaves (its
-    grammar refuses a committed token) is dropped, and the first one still standing is
-    offered. Compiled grammars: bounded LRU by (schema, layout); matchers: bounded,
-    dropped with their request."""
-
-    def __init__(self, compiled_bound: int = 64, request_bound: int = PENDING_BOUND) -> None:
-        self._compiled: OrderedDict[tuple[str, int | None], Any] = OrderedDict()
-        self._compiler: Any = None
-        self._by_rid: OrderedDict[str, list] = OrderedDict()  # rid -> [[matcher | None...], fed]
-        self.compiled_bound = compiled_bound
-        self.request_bound = request_bound
-        self.left_style = 0  # requests whose output left every layout
-
-    def of(self, req: Any, prev: list[int] = ()) -> Any | None:
-        """The first layout matcher still standing at ``req``'s committed tokens
-        (``prev``: its relayed tokens), or None."""
-        schema = getattr(getattr(req, "sampling_params", None), "json_schema", None)
-        if not schema:
-            return None
-        entry = self._by_rid.get(req.rid)
-        if entry is None:
-            import xgrammar as xg
-
-            info = req.grammar.ctx.tokenizer_info
-            entry = [
-                [xg.GrammarMatcher(self._compile(schema, indent, info)) for indent in STYLES],
-                0,
-            ]
-            self._by_rid[req.rid] = entry
-            while len(self._by_rid) > self.request_bound:
-                self._by_rid.popitem(last=False)
-        matchers, fed = entry
-        if not any(m is not None for m in matchers):
-            return None
-        new = committed_tail(req, prev, fed)
-        for i, m in enumerate(matchers):
-            if m is not None and not all(
-                not m.is_terminated() and m.accept_token(int(t)) for t in new
-            ):
-                matchers[i] = None
-        entry[1] = len(req.output_ids) + len(prev)
-        alive = [m for m in matchers if m is not None]
-        if not alive:
-            self.left_style += 1
-            return None
-        return alive[0]
-
-    def forget(self, rids: list[str]) -> None:
-        for rid in rids:
-            self._by_rid.pop(rid, None)
-
-    def disable(self, rid: str) -> None:
-        """No companion for ``rid`` (its schema did not compile, say)."""
-        self._by_rid[rid] = [[None], 0]
-        while len(self._by_rid) > self.request_bound:
-            self._by_rid.popitem(last=False)
-
-    def _compile(self, schema: str, indent: int | None, tokenizer_info: Any) -> Any:
-        key = (schema, indent)
-        hit = self._compiled.get(key)
-        if hit is not None:
-            self._compiled.move_to_end(key)
-            return hit
-        import xgrammar as xg
-
-        if self._compiler is None:
-            self._compiler = xg.GrammarCompiler(tokenizer_info)
-        compiled = self._compiler.compile_json_schema(schema, any_whitespace=False, indent=indent)
-        self._compiled[key] = compiled
-        while len(self._compiled) > self.compiled_bound:
-            self._compiled.popitem(last=False)
-        return compiled
-
-
-def committed_tail(req: Any, prev: list[int], start: int) -> list[int]:
-    """``req``'s committed tokens from position ``start`` of its output: ``req.output_ids``
-    then ``prev``, the previous step's tokens it does not hold yet (overlap relay)."""
-    out = req.output_ids
-    n = len(out)
-    if start >= n:
-        return list(prev[start - n :])
-    return list(out[start:]) + list(prev)
 
 
 def _matcher(req: Any) -> Any | None:
