@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+#: Node origins: the suffix trees; a grammar's forced continuation; one of a grammar's few
+#: admitted continuations (``suffix/grammar.py``). The draft gate calibrates each apart.
+SUFFIX_NODE, FORCED_NODE, ALTERNATIVE_NODE = 0, 1, 2
+ORIGINS = 3
+
 
 @dataclass(slots=True)
 class DraftTree:
@@ -16,6 +21,8 @@ class DraftTree:
     score: sum of probs, the expected number of accepted draft tokens.
     match_len: length of the matched context suffix the draft came from (0 when
         the draft is empty).
+    origins: per node, where it came from (:data:`SUFFIX_NODE`, :data:`FORCED_NODE`,
+        :data:`ALTERNATIVE_NODE`); empty: every node from the suffix trees.
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -23,6 +30,7 @@ class DraftTree:
     probs: list[float] = field(default_factory=list)
     score: float = 0.0
     match_len: int = 0
+    origins: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)

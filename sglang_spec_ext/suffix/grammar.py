@@ -27,11 +27,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .draft import DraftTree
+from .draft import ALTERNATIVE_NODE, FORCED_NODE, SUFFIX_NODE, DraftTree
 
 #: Path probability given to each forced node relative to its parent: the grammar admits
 #: only this string, but the target may tokenise it otherwise (then the node is rejected).
 FORCED_PROB = 0.9
+#: Alternatives: where the grammar admits at most this many next tokens and they spell at
+#: most :data:`ALT_MAX` distinct continuations (an enum's values, ``true``/``false``, one of
+#: a few property names), each continuation is drafted as a branch of its own.
+ALT_MAX_TOKENS = 48
+ALT_MAX = 4
 
 
 class GrammarCursor(Protocol):
@@ -49,6 +54,9 @@ class GrammarCursor(Protocol):
     def forced_stop(self) -> int | None:
         """The stop token when it is the only token the grammar admits here, else None."""
 
+    # optional (alternatives): ``next_tokens(limit) -> list[int] | None``, the tokens the
+    # grammar admits here when at most ``limit``, else None
+
 
 @dataclass
 class ShapeStats:
@@ -58,6 +66,8 @@ class ShapeStats:
     cut: int = 0  # draft nodes the grammar rejected
     forced: int = 0  # forced nodes drafted
     forced_learned: int = 0  # ... of them from a learned tokenisation
+    branched: int = 0  # request-steps where the grammar's alternatives were drafted
+    alt_nodes: int = 0  # nodes drafted from those alternatives
     over_budget: int = 0  # request-steps left unshaped: the step's time budget was spent
     faults: int = 0  # request-steps left unshaped: the cursor raised
 
@@ -111,6 +121,15 @@ class ForcedTokenizer:
 
     def __len__(self) -> int:
         return len(self._learned)
+
+    def piece(self, token: int) -> str | None:
+        """What ``token`` spells (None: no vocabulary, or not a whole UTF-8 string)."""
+        if self.vocab is None or not 0 <= token < len(self.vocab):
+            return None
+        try:
+            return bytes(self.vocab[token]).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
 
     def learned(self, s: str) -> tuple[int, ...] | None:
         hit = self._learned.get(s)
@@ -220,6 +239,59 @@ def forced_chain(
     return chain, learned
 
 
+def alternatives(
+    cursor: GrammarCursor,
+    tokenizer: ForcedTokenizer,
+    budget: int,
+    max_tokens: int = ALT_MAX_TOKENS,
+    max_alts: int = ALT_MAX,
+) -> list[list[int]]:
+    """Where the grammar forces nothing but admits few continuations (an enum's values,
+    ``true``/``false``): each of them as tokens (its spelling up to where the grammar
+    forces no more, tokenised as :meth:`ForcedTokenizer.tokens` does, then the forced
+    chain after it), at most ``budget`` tokens each; [] where the grammar admits more
+    than ``max_tokens`` tokens or ``max_alts`` continuations. Cursor restored."""
+    ask = getattr(cursor, "next_tokens", None)
+    if ask is None or tokenizer.vocab is None or budget <= 0:
+        return []
+    firsts = ask(max_tokens)
+    if not firsts:
+        return []
+    spelled: dict[str, None] = {}
+    for tok in firsts:
+        piece = tokenizer.piece(tok)
+        if not piece or not cursor.accept(tok):
+            continue
+        try:
+            rest = cursor.forced_string()
+        finally:
+            cursor.rollback(1)
+        spelled.setdefault(piece + rest, None)
+    # a spelling that another extends is no continuation of its own ("se" of "search"
+    # and "send": the grammar forced nothing after it)
+    texts = [t for t in spelled if not any(o != t and o.startswith(t) for o in spelled)]
+    if len(texts) > max_alts:
+        return []
+    out: list[list[int]] = []
+    for text in texts:
+        toks = tokenizer.tokens(text)[:budget]
+        took = 0
+        try:
+            for tok in toks:
+                if not cursor.accept(tok):
+                    break
+                took += 1
+            after: list[int] = []
+            if took and took == len(toks) and took < budget:
+                after, _ = forced_chain(cursor, tokenizer, budget - took)
+        finally:
+            if took:
+                cursor.rollback(took)
+        if took:
+            out.append(list(toks[:took]) + after)
+    return out
+
+
 def shape(
     tree: DraftTree,
     cursor: GrammarCursor,
@@ -242,6 +314,13 @@ def shape(
                 raise RuntimeError("grammar cursor disagrees with itself")
             accepted += 1
         chain, learned = forced_chain(cursor, tokenizer, max_nodes)
+        alts: list[list[int]] = []
+        room = max_nodes - len(chain)
+        if room > 0 and not (chain and chain[-1] in _stops(cursor)):
+            for tok in chain:
+                cursor.accept(tok)
+            accepted += len(chain)
+            alts = alternatives(cursor, tokenizer, room)
     finally:
         if accepted:
             cursor.rollback(accepted)
@@ -250,6 +329,7 @@ def shape(
     tokens = [tree.tokens[i] for i in kept]
     parents = [new_index[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in kept]
     cand_probs = [probs[i] for i in kept]
+    origins = [tree.origins[i] if tree.origins else SUFFIX_NODE for i in kept]
     parent = new_index[spine[-1]] if spine else -1
     p = probs[spine[-1]] if spine else 1.0
     for tok in chain:
@@ -257,7 +337,30 @@ def shape(
         tokens.append(tok)
         parents.append(parent)
         cand_probs.append(p)
+        origins.append(FORCED_NODE)
         parent = len(tokens) - 1
+    n_chain_end = len(tokens)
+    # then the alternatives under the chain's end, as a trie (shared prefixes once), each
+    # branch's share of the path probability as its count of alternatives through it
+    trie: dict[tuple[int, int], int] = {}  # (parent index, token) -> index
+    through: list[int] = []
+    for alt in alts:
+        at = parent
+        for depth, tok in enumerate(alt):
+            key = (at, tok)
+            node = trie.get(key)
+            if node is None:
+                node = trie[key] = len(tokens)
+                tokens.append(tok)
+                parents.append(at)
+                cand_probs.append(0.0)
+                origins.append(ALTERNATIVE_NODE)
+                through.append(0)
+            through[node - n_chain_end] += 1
+            cand_probs[node] = (
+                p * (forced_prob ** (depth + 1)) * through[node - n_chain_end] / len(alts)
+            )
+            at = node
     # the max_nodes most likely; path probabilities never grow along a path, and a parent
     # precedes its children, so (prob desc, index asc) keeps every chosen node's parent
     order = sorted(range(len(tokens)), key=lambda i: (-cand_probs[i], i))[:max_nodes]
@@ -268,14 +371,22 @@ def shape(
         parents=[remap[parents[i]] if parents[i] >= 0 else -1 for i in chosen],
         probs=[cand_probs[i] for i in chosen],
         match_len=tree.match_len,
+        origins=[origins[i] for i in chosen],
     )
     out.score = float(sum(out.probs))
-    n_forced = sum(1 for i in chosen if i >= len(kept))
+    n_forced = sum(1 for i in chosen if len(kept) <= i < n_chain_end)
+    n_alt = sum(1 for i in chosen if i >= n_chain_end)
     stats.requests += 1
+    stats.branched += bool(n_alt)
+    stats.alt_nodes += n_alt
     stats.cut += cut
     stats.forced += n_forced
     stats.forced_learned += min(learned, n_forced)
     return out
+
+
+def _stops(cursor: GrammarCursor) -> tuple[int, ...]:
+    return tuple(getattr(cursor, "stop_ids", ()) or ())
 
 
 @dataclass

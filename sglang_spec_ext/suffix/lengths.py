@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .draft import DraftTree
+from .draft import ORIGINS, SUFFIX_NODE, DraftTree
 
 #: Steps the cost fit looks back over.
 WINDOW = 256
@@ -75,32 +75,47 @@ class NodeCalibration:
     the target's path (or the root) and whose token the committed tokens decide,
     verified or not (accepted, or would have been; or not). A probability bin's pooled
     rate (before evidence, what the drafter says) is the prior of its match-length cells
-    (``prior_weight`` pseudo-counts each)."""
+    (``prior_weight`` pseudo-counts each). Nodes a grammar added (forced continuations,
+    alternatives: ``DraftTree.origins``) are learned apart, per origin and probability bin,
+    each cell's prior its own probability: the suffix trees' evidence says nothing of them."""
 
     prior_weight: float = 2.0
     seen: np.ndarray = field(default_factory=lambda: np.zeros(PROB_BINS))
     hits: np.ndarray = field(default_factory=lambda: np.zeros(PROB_BINS))
     cell_seen: np.ndarray = field(default_factory=lambda: np.zeros((MATCH_BUCKETS, PROB_BINS)))
     cell_hits: np.ndarray = field(default_factory=lambda: np.zeros((MATCH_BUCKETS, PROB_BINS)))
+    origin_seen: np.ndarray = field(default_factory=lambda: np.zeros((ORIGINS, PROB_BINS)))
+    origin_hits: np.ndarray = field(default_factory=lambda: np.zeros((ORIGINS, PROB_BINS)))
 
     @staticmethod
     def _bins(raw: np.ndarray) -> np.ndarray:
         return np.minimum((np.clip(raw, 0.0, 1.0) * PROB_BINS).astype(np.int64), PROB_BINS - 1)
 
-    def conditional(self, raw: np.ndarray, match_len: int = 0) -> np.ndarray:
+    def conditional(
+        self, raw: np.ndarray, match_len: int = 0, origins: np.ndarray | None = None
+    ) -> np.ndarray:
         """Calibrated chance a node is accepted given its parent was, from the drafter's
-        conditional probabilities ``raw`` of a draft matched on ``match_len`` tokens."""
+        conditional probabilities ``raw`` of a draft matched on ``match_len`` tokens
+        (``origins``: per node, see ``DraftTree.origins``)."""
         raw = np.clip(np.asarray(raw, dtype=np.float64), 0.0, 1.0)
         b = self._bins(raw)
         m = match_bucket(match_len)
         w = self.prior_weight
         pooled = (self.hits[b] + w * raw) / (self.seen[b] + w)
-        return (self.cell_hits[m, b] + w * pooled) / (self.cell_seen[m, b] + w)
+        out = (self.cell_hits[m, b] + w * pooled) / (self.cell_seen[m, b] + w)
+        if origins is not None:
+            other = origins != SUFFIX_NODE
+            if other.any():
+                o, ob = origins[other], b[other]
+                out[other] = (self.origin_hits[o, ob] + w * raw[other]) / (
+                    self.origin_seen[o, ob] + w
+                )
+        return out
 
     def calibrate(self, tree: DraftTree) -> np.ndarray:
         """Calibrated acceptance probability of each node of ``tree`` (never above its
         parent's: a product of conditionals along the path)."""
-        cond = self.conditional(conditional_probs(tree), tree.match_len)
+        cond = self.conditional(conditional_probs(tree), tree.match_len, _origins(tree))
         out = np.empty_like(cond)
         for i, parent in enumerate(tree.parents[: cond.size]):
             out[i] = cond[i] * (out[parent] if parent >= 0 else 1.0)
@@ -114,7 +129,7 @@ class NodeCalibration:
         n = cond.size
         on_path = [False] * n
         depth = [0] * n
-        raw, label = [], []
+        raw, label, index = [], [], []
         for i in range(n):
             parent = tree.parents[i]
             depth[i] = 1 if parent < 0 else depth[parent] + 1
@@ -123,20 +138,29 @@ class NodeCalibration:
             on_path[i] = int(committed[depth[i] - 1]) == int(tree.tokens[i])
             raw.append(cond[i])
             label.append(on_path[i])
+            index.append(i)
         if raw:
             b = self._bins(np.asarray(raw, dtype=np.float64))
             hit = np.asarray(label, dtype=np.float64)
-            np.add.at(self.seen, b, 1.0)
-            np.add.at(self.hits, b, hit)
+            origins = _origins(tree)
+            o = origins[index] if origins is not None else np.zeros(len(raw), dtype=np.int64)
+            mine = o == SUFFIX_NODE
+            np.add.at(self.seen, b[mine], 1.0)
+            np.add.at(self.hits, b[mine], hit[mine])
             m = match_bucket(tree.match_len)
-            np.add.at(self.cell_seen[m], b, 1.0)
-            np.add.at(self.cell_hits[m], b, hit)
+            np.add.at(self.cell_seen[m], b[mine], 1.0)
+            np.add.at(self.cell_hits[m], b[mine], hit[mine])
+            np.add.at(self.origin_seen, (o[~mine], b[~mine]), 1.0)
+            np.add.at(self.origin_hits, (o[~mine], b[~mine]), hit[~mine])
         return len(raw)
 
     def stats(self) -> dict[str, object]:
         rate = np.where(self.seen > 0, self.hits / np.maximum(self.seen, 1), np.nan)
+        seen, hits = self.origin_seen.sum(axis=1), self.origin_hits.sum(axis=1)
         return {"lengths_conditional_acceptance_by_prob_bin": [
-            None if np.isnan(r) else round(float(r), 3) for r in rate]}  # fmt: skip
+            None if np.isnan(r) else round(float(r), 3) for r in rate],
+            "lengths_grammar_nodes_seen": [int(x) for x in seen[1:]],
+            "lengths_grammar_nodes_accepted": [int(x) for x in hits[1:]]}  # fmt: skip
 
 
 @dataclass
@@ -260,6 +284,7 @@ def _subtree(tree: DraftTree, keep: np.ndarray) -> DraftTree:
     tokens: list[int] = []
     parents: list[int] = []
     probs: list[float] = []
+    origins: list[int] = []
     for i, parent in enumerate(tree.parents):
         if not keep[i] or (parent >= 0 and parent not in new_index):
             continue
@@ -268,6 +293,16 @@ def _subtree(tree: DraftTree, keep: np.ndarray) -> DraftTree:
         parents.append(-1 if parent < 0 else new_index[parent])
         if i < len(tree.probs):
             probs.append(tree.probs[i])
+        if tree.origins:
+            origins.append(tree.origins[i])
     score = float(sum(probs)) if probs else 0.0
     return DraftTree(tokens=tokens, parents=parents, probs=probs, score=score,
-                     match_len=tree.match_len if tokens else 0)  # fmt: skip
+                     match_len=tree.match_len if tokens else 0, origins=origins)  # fmt: skip
+
+
+def _origins(tree: DraftTree) -> np.ndarray | None:
+    """``tree.origins`` as an array over its probable nodes, None where all are suffix's."""
+    if not tree.origins or not any(tree.origins):
+        return None
+    n = min(len(tree.tokens), len(tree.probs))
+    return np.asarray(tree.origins[:n], dtype=np.int64)

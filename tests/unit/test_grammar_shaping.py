@@ -13,6 +13,7 @@ from sglang_spec_ext.suffix.grammar import (
     FORCED_PROB,
     ForcedTokenizer,
     ShapeStats,
+    alternatives,
     forced_chain,
     prune,
     shape,
@@ -344,3 +345,114 @@ def test_grammar_drafts_under_overlap_relay(tmp_path) -> None:
     shaped = gd.shape_batch([behind], [DraftTree()], 8, [fork], [prev])[0]
     assert tok.decode(shaped.tokens).startswith('city": "'), tok.decode(shaped.tokens)
     assert gd._pending["a"][0] == len(head)  # remembered at the committed count
+
+
+class BranchingCursor(StringCursor):
+    """StringCursor that also lists the tokens it admits (``next_tokens``)."""
+
+    def next_tokens(self, limit: int) -> list[int] | None:
+        ok = []
+        for tok in range(1, len(VOCAB)):
+            if self.accept(tok):
+                self.rollback(1)
+                ok.append(tok)
+        return ok if len(ok) <= limit else None
+
+
+def test_alternatives_drafted_as_branches_where_the_grammar_admits_few() -> None:
+    """Where nothing is forced but the grammar admits a few continuations, each is a branch
+    (its spelling, then what the grammar forces after it), sharing the path probability."""
+    cur = BranchingCursor(['{"name": "a"}', '{"name": "b"}'], text='{"name": "')
+    stats = ShapeStats()
+    out = shape(DraftTree(), cur, max_nodes=8, tokenizer=ForcedTokenizer(VOCAB), stats=stats)
+    spelled = sorted(
+        b"".join(VOCAB[out.tokens[j]] for j in _path(out, i))
+        for i in range(len(out.tokens))
+        if i not in out.parents
+    )
+    assert spelled == [b'a"}<s>', b'b"}<s>']  # each alternative, its forced rest, the stop
+    first = [i for i, p in enumerate(out.parents) if p == -1]
+    assert [out.probs[i] for i in first] == pytest.approx([FORCED_PROB / 2] * 2)
+    assert stats.branched == 1 and stats.alt_nodes == 6 and stats.forced == 0
+    assert cur.stack == [b'{"name": "']
+    # more continuations than asked for (b, x, ame, name: "a" alone is extended by "ame"),
+    # or more tokens: no branches
+    many = BranchingCursor([f'{{"name": "{c}"}}' for c in ("a", "b", "x", "ame", "name")],
+                           text='{"name": "')  # fmt: skip
+    assert len(alternatives(many, ForcedTokenizer(VOCAB), 8, max_alts=4)) == 4
+    assert alternatives(many, ForcedTokenizer(VOCAB), 8, max_alts=3) == []
+    assert alternatives(cur, ForcedTokenizer(VOCAB), 8, max_tokens=1) == []
+    assert alternatives(cur, ForcedTokenizer(None), 8) == []  # no vocabulary to spell with
+
+
+def _path(t: DraftTree, i: int) -> list[int]:
+    out = []
+    while i >= 0:
+        out.append(i)
+        i = t.parents[i]
+    return out[::-1]
+
+
+def test_enum_alternatives_with_xgrammar(tmp_path) -> None:
+    """The real cursor: after ``{"unit": `` the layout forces the quote, then the enum's
+    values are drafted as branches; a spelling others extend is none of its own."""
+    xg = pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
+    from sglang_spec_ext.sglang.workers.suffix_grammar import XGrammarCursor
+
+    tok = AutoTokenizer.from_pretrained(build_tiny_llama(tmp_path / "tiny", seed=0))
+    info = xg.TokenizerInfo.from_huggingface(tok)
+    schema = json.dumps({"type": "object", "properties": {"unit": {"enum": ["celsius", "kelvin"]}},
+                         "required": ["unit"]})  # fmt: skip
+    compiler = xg.GrammarCompiler(info)
+    lenient = xg.GrammarMatcher(compiler.compile_json_schema(schema, any_whitespace=True))
+    compact = xg.GrammarMatcher(compiler.compile_json_schema(schema, any_whitespace=False))
+    for t in tok.encode('{"unit": ', add_special_tokens=False):
+        assert lenient.accept_token(t) and compact.accept_token(t)
+    tk = ForcedTokenizer(
+        list(info.decoded_vocab), encode=lambda s: tok.encode(s, add_special_tokens=False)
+    )
+    stats = ShapeStats()
+    cursor = XGrammarCursor(lenient, [], compact, info.vocab_size)
+    out = shape(DraftTree(), cursor, 16, tk, stats)
+    leaves = [i for i in range(len(out.tokens)) if i not in out.parents]
+    texts = sorted(tok.decode([out.tokens[j] for j in _path(out, i)]) for i in leaves)
+    assert len(texts) == 2 and texts[0].startswith('"celsius"}'), texts
+    assert texts[1].startswith('"kelvin"}'), texts
+    assert stats.branched == 1 and stats.forced >= 1
+    assert lenient.fork().find_jump_forward_string() == ""  # the request's matcher unmoved
+    assert XGrammarCursor(lenient, [], None, None).next_tokens(8) is None  # no vocab size
+
+
+def test_grammar_nodes_are_calibrated_apart_from_suffix_nodes() -> None:
+    """The ragged gate's node calibration learns forced and alternative nodes in cells of
+    their own (``DraftTree.origins``): what they teach moves neither the suffix nodes' cells
+    nor theirs the other way; a cut tree keeps its nodes' origins."""
+    import numpy as np
+
+    from sglang_spec_ext.sglang.serving.request_options import cap_tree
+    from sglang_spec_ext.suffix.draft import ALTERNATIVE_NODE, FORCED_NODE, SUFFIX_NODE
+    from sglang_spec_ext.suffix.lengths import NodeCalibration, _subtree
+
+    cur = BranchingCursor(['{"name": "a"}', '{"name": "b"}'], text='{"name":')
+    t = tree([TOK[b"x"], TOK[b' "']], [-1, -1], [0.5, 0.45])
+    out = shape(t, cur, max_nodes=6, tokenizer=ForcedTokenizer(VOCAB))
+    assert out.origins[0] == SUFFIX_NODE and FORCED_NODE not in out.origins[:1]
+    assert ALTERNATIVE_NODE in out.origins  # 'a' and 'b' below ' "'
+    assert cap_tree(out, 2).origins == out.origins[:2]
+    assert _subtree(out, np.array([True] * 2 + [False] * (len(out) - 2))).origins == out.origins[:2]
+
+    cal = NodeCalibration()
+    forced = DraftTree([5, 6], [-1, 0], [0.9, 0.81], 1.71, 2, [FORCED_NODE, FORCED_NODE])
+    suffixed = DraftTree([5, 6], [-1, 0], [0.9, 0.81], 1.71, 2)
+    before_suffix = cal.calibrate(suffixed).copy()
+    for _ in range(50):  # forced nodes never accepted
+        cal.observe(forced, [7, 7])
+    assert cal.calibrate(forced)[0] < 0.1
+    assert cal.calibrate(suffixed) == pytest.approx(before_suffix)  # untouched
+    for _ in range(50):  # suffix nodes always accepted
+        cal.observe(suffixed, [5, 6])
+    assert cal.calibrate(forced)[0] < 0.1 and cal.calibrate(suffixed)[0] > 0.9
+    assert cal.stats()["lengths_grammar_nodes_seen"] == [50, 0]

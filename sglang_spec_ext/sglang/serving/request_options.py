@@ -80,4 +80,5 @@ def cap_tree(tree: DraftTree, cap: int | None) -> DraftTree:
         probs=probs,
         score=float(sum(probs)),
         match_len=tree.match_len if cap else 0,
+        origins=list(tree.origins[:cap]),
     )

@@ -40,6 +40,8 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
+
 from sglang_spec_ext.sglang.serving.request_options import cap_tree
 from sglang_spec_ext.sglang.workers.grammar_layouts import StyleMatchers
 from sglang_spec_ext.sglang.workers.suffix_relay import committed_tail
@@ -66,9 +68,16 @@ class XGrammarCursor:
     checked against the request's own grammar; once the layout's grammar refuses a token on
     a path it stays silent below it."""
 
-    def __init__(self, matcher: Any, stop_ids: list[int], style: Any | None = None) -> None:
+    def __init__(
+        self,
+        matcher: Any,
+        stop_ids: list[int],
+        style: Any | None = None,
+        vocab_size: int | None = None,
+    ) -> None:
         self.m = matcher.fork()
         self.stop_ids = stop_ids
+        self.vocab_size = vocab_size
         self.s = style.fork() if style is not None else None
         self._path: list[bool] = []  # per accepted token: did the style matcher take it too
         self._style_off = 0  # accepted tokens on the path the style matcher did not take
@@ -98,6 +107,33 @@ class XGrammarCursor:
             return forced
         return self.s.find_jump_forward_string()
 
+    def next_tokens(self, limit: int) -> list[int] | None:
+        """The tokens the grammar admits here (the layout's where it still speaks), when at
+        most ``limit`` (xgrammar's bitmask, read word by word), else None."""
+        if self.vocab_size is None or self.m.is_terminated():
+            return None
+        g = self.s if self.s is not None and not self._style_off else self.m
+        if g.is_terminated():
+            g = self.m
+        words = _bitmask(self.vocab_size)
+        g.fill_next_token_bitmask(words)
+        row = words.numpy()[0]
+        nonzero = np.flatnonzero(row)
+        if len(nonzero) > limit:  # each nonzero word holds at least one token
+            return None
+        out: list[int] = []
+        for w in nonzero.tolist():
+            bits = int(row[w]) & 0xFFFFFFFF
+            while bits:
+                low = bits & -bits
+                tok = w * 32 + low.bit_length() - 1
+                if tok < self.vocab_size and tok not in self.stop_ids:
+                    out.append(tok)
+                bits ^= low
+            if len(out) > limit:
+                return None
+        return out
+
     def forced_stop(self) -> int | None:
         # complete and nothing may follow: only a stop token (a one-token check each)
         if not self.m.is_completed() or self.m.is_terminated():
@@ -106,6 +142,26 @@ class XGrammarCursor:
             if self.m.accept_token(stop):
                 self.m.rollback(1)
                 return stop
+        return None
+
+
+_BITMASKS: dict[int, Any] = {}
+
+
+def _bitmask(vocab_size: int) -> Any:
+    """One reusable xgrammar token bitmask per vocabulary size (the drafting thread only)."""
+    mask = _BITMASKS.get(vocab_size)
+    if mask is None:
+        import xgrammar as xg
+
+        mask = _BITMASKS[vocab_size] = xg.allocate_token_bitmask(1, vocab_size)
+    return mask
+
+
+def _vocab_size(req: Any) -> int | None:
+    try:
+        return int(req.grammar.ctx.tokenizer_info.vocab_size)
+    except Exception:  # noqa: BLE001 - no alternatives for this request
         return None
 
 
@@ -211,7 +267,9 @@ class GrammarDrafts:
                 out[i] = cap_tree(trees[i], slots)  # unshaped, cut to the slots
                 continue
             try:
-                cursor = XGrammarCursor(matcher, _stop_ids(req), self._style_of(req, prev))
+                cursor = XGrammarCursor(
+                    matcher, _stop_ids(req), self._style_of(req, prev), _vocab_size(req)
+                )
                 out[i] = shape(trees[i], cursor, slots, tokenizer, self.stats)
                 self._remember(req, len(req.output_ids) + len(prev), cursor)
             except Exception as exc:  # noqa: BLE001 - today's draft, never a failed step
