@@ -37,6 +37,10 @@ FORCED_PROB = 0.9
 #: a few property names), each continuation is drafted as a branch of its own.
 ALT_MAX_TOKENS = 48
 ALT_MAX = 4
+#: What a forced string's encoding is checked against (its tokens that any of these
+#: continuations would re-merge are not drafted): a letter, a digit, a quote, a space, a
+#: newline.
+STABLE_PROBES = ("a", "0", '"', " ", "\n")
 
 
 class GrammarCursor(Protocol):
@@ -116,6 +120,7 @@ class ForcedTokenizer:
         self.encode = encode
         self.bound = bound
         self._learned: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._encoded: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._by_piece: dict[bytes, int] | None = None
         self._max_piece = 0
 
@@ -143,10 +148,34 @@ class ForcedTokenizer:
             return list(hit)
         if self.encode is not None:
             try:
-                return list(self.encode(s))
+                return self._stable(s)
             except Exception:  # noqa: BLE001 - fall through to the vocabulary
                 pass
         return self._longest_match(s)
+
+    def _stable(self, s: str) -> list[int]:
+        """The tokens of ``s`` that whatever follows cannot re-merge: the common prefix of
+        ``s``'s encoding and those of ``s`` followed by a few probe strings (a forced
+        ``'\\n    '`` alone encodes otherwise than before a ``'"'``, a trailing ``' '``
+        merges with the value after it). Cached, bounded like the learned strings."""
+        hit = self._encoded.get(s)
+        if hit is not None:
+            self._encoded.move_to_end(s)
+            return list(hit)
+        assert self.encode is not None
+        base = list(self.encode(s))
+        keep = len(base)
+        for probe in STABLE_PROBES:
+            other = self.encode(s + probe)
+            n = 0
+            while n < min(keep, len(other)) and other[n] == base[n]:
+                n += 1
+            keep = n
+        out = tuple(base[:keep])
+        self._encoded[s] = out
+        while len(self._encoded) > self.bound:
+            self._encoded.popitem(last=False)
+        return list(out)
 
     def learn(self, s: str, committed: Sequence[int]) -> bool:
         """Record the tokens the target committed for ``s`` when the decoded pieces of a

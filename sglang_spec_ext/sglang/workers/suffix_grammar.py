@@ -103,9 +103,12 @@ class XGrammarCursor:
         if self.m.is_terminated():  # past the stop token xgrammar refuses the question
             return ""
         forced = self.m.find_jump_forward_string()
-        if forced or self.s is None or self._style_off or self.s.is_terminated():
+        if self.s is None or self._style_off or self.s.is_terminated():
             return forced
-        return self.s.find_jump_forward_string()
+        # the layout's string where it goes further ('"' of a key: the layout knows '": '
+        # follows, and the target writes '":' as one token)
+        styled = self.s.find_jump_forward_string()
+        return styled if len(styled) > len(forced) and styled.startswith(forced) else forced
 
     def next_tokens(self, limit: int) -> list[int] | None:
         """The tokens the grammar admits here (the layout's where it still speaks), when at
