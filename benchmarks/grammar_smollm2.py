@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--json", default=str(REPO / "benchmarks/results/grammar_smollm2.json"))
+    ap.add_argument("--trace", default=None, metavar="OUT.jsonl",
+                    help="also write plain serving's outputs as a replay trace with each "
+                    "request's constraint (simulate --tokenizer replays grammar drafts)")  # fmt: skip
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     levels = [int(x) for x in args.levels.split(",")]
@@ -158,6 +161,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         ],  # fmt: skip
     }
+    if args.trace:
+        from sglang_spec_ext.replay.trace import TraceRecord, write_trace
+
+        records = [
+            TraceRecord(tuple(ids), tuple(row["output_ids"]), set=f"{kind} c={c}",
+                        constraint=dict(con) or None)
+            for c in levels
+            for (kind, ids, con), row in zip(per_level[c], results["plain"][c]["rows"], strict=True)
+        ]  # fmt: skip
+        print(f"trace: {write_trace(args.trace, records)} requests -> {args.trace}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     print("goodput, output tokens/s (x plain) [accept length, constrained requests]; measured "

@@ -75,6 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also write a(p,k) table",
     )
     parser.add_argument("--ks", type=_int_list, default=[1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 63])
+    parser.add_argument(
+        "--tokenizer", default=None, metavar="PATH",
+        help="the served model's tokenizer (a local path): drafts of requests whose trace "
+        "record has a constraint are shaped by its grammar, as SUFFIX serving does "
+        "(replay/grammar.py)",
+    )  # fmt: skip
     g = parser.add_argument_group("suffix / arctic settings")
     g.add_argument("--max-depth", type=int, default=d.max_depth, help="suffix tree depth")
     g.add_argument(
@@ -154,6 +160,7 @@ def build_report(
         "tool": "sglang-spec-ext simulate",
         "trace": str(args.trace),
         "drafter": args.drafter,
+        "grammar_tokenizer": args.tokenizer,
         "width": args.width,
         "parameters": opts.as_dict(),
         "overall": result.overall.summary(),
@@ -162,6 +169,12 @@ def build_report(
         "machine": machine_info(),
         "versions": package_versions(),
     }
+
+
+def _grammar_factory(factory: Any, tokenizer: str) -> Any:
+    from sglang_spec_ext.replay.grammar import GrammarShaped
+
+    return lambda: GrammarShaped(factory(), tokenizer)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -180,6 +193,12 @@ def run(args: argparse.Namespace) -> int:
             return 2
     opts = options_from_args(args)
     factory = drafter_factory(args.drafter, opts)
+    constrained = sum(1 for r in records if r.constraint)
+    if args.tokenizer:
+        factory = _grammar_factory(factory, args.tokenizer)
+    elif constrained:
+        print(f"note: {constrained} requests have a constraint; pass --tokenizer PATH to replay "
+              "grammar-aware drafts (replaying plain drafts)", file=sys.stderr)  # fmt: skip
     show = not args.no_progress
     t0 = time.perf_counter()
     try:

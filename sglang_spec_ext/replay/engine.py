@@ -108,6 +108,9 @@ def replay_request(
     clock = time.perf_counter_ns
     commits: list[int] = []
 
+    prepare = getattr(drafter, "prepare", None)  # e.g. the grammar wrapper (replay/grammar.py)
+    if prepare is not None:
+        prepare(req_id, rec)
     t0 = clock()
     drafter.start_request(req_id, rec.prompt_ids)
     stats.start_ns += clock() - t0

@@ -9,6 +9,11 @@ with one entry per output position ``p`` (``len(output_ids)`` entries): the draf
 model's greedy chain proposed after the target committed ``prompt_ids + output_ids[:p]``
 (so it predicts ``output_ids[p], output_ids[p + 1], ...``) and the draft's probability
 of each chosen token (its top probability).
+
+Optional ``constraint`` (grammar-aware replay, ``sglang_spec_ext.replay.grammar``): the
+request's structured-output constraint as the host's sampling parameters spell it, one of
+``{"json_schema": "..."}``, ``{"regex": "..."}``, ``{"ebnf": "..."}``; ``output_ids`` is then
+the target's greedy *constrained* output.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_SET = "default"
+#: The constraint kinds a record may carry (the host's sampling-parameter names).
+CONSTRAINT_KINDS = ("json_schema", "regex", "ebnf")
 
 
 class TraceError(ValueError):
@@ -63,6 +70,8 @@ class TraceRecord:
     set: str = DEFAULT_SET
     # draft name -> proposals at every output position (optional; see the module doc)
     model_drafts: Mapping[str, ModelDrafts] = field(default_factory=dict, hash=False)
+    # the request's structured-output constraint (optional; see the module doc)
+    constraint: Mapping[str, str] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         for name, drafts in self.model_drafts.items():
@@ -80,6 +89,8 @@ class TraceRecord:
         }
         if self.model_drafts:
             out["model_drafts"] = {name: d.to_json() for name, d in self.model_drafts.items()}
+        if self.constraint:
+            out["constraint"] = dict(self.constraint)
         return out
 
 
@@ -132,6 +143,22 @@ def parse_model_drafts(obj: object, n_positions: int) -> dict[str, ModelDrafts]:
     return out
 
 
+def parse_constraint(obj: object) -> dict[str, str]:
+    """Validate a decoded ``constraint`` value (``ValueError`` with the reason if bad)."""
+    if not isinstance(obj, dict) or len(obj) != 1:
+        raise ValueError(
+            f'"constraint" must be an object with one of {list(CONSTRAINT_KINDS)}, got {obj!r}'
+        )
+    kind, text = next(iter(obj.items()))
+    if kind not in CONSTRAINT_KINDS:
+        raise ValueError(
+            f'"constraint": unknown kind {kind!r}; use one of {list(CONSTRAINT_KINDS)}'
+        )
+    if not isinstance(text, str) or not text:
+        raise ValueError(f'"constraint"["{kind}"] must be a non-empty string')
+    return {kind: text}
+
+
 def parse_record(obj: object) -> TraceRecord:
     """Validate one decoded JSON line (``ValueError`` with the reason if bad)."""
     if not isinstance(obj, dict):
@@ -144,11 +171,13 @@ def parse_record(obj: object) -> TraceRecord:
         raise ValueError(f'"set" must be a non-empty string, got {label!r}')
     output_ids = _token_list(obj["output_ids"], "output_ids")
     drafts = obj.get("model_drafts")
+    constraint = obj.get("constraint")
     return TraceRecord(
         prompt_ids=_token_list(obj["prompt_ids"], "prompt_ids"),
         output_ids=output_ids,
         set=label,
         model_drafts=parse_model_drafts(drafts, len(output_ids)) if drafts is not None else {},
+        constraint=parse_constraint(constraint) if constraint is not None else None,
     )
 
 

@@ -22,12 +22,12 @@ side (``sglang/workers/suffix_grammar.py``) adapts the host's xgrammar matcher.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from .draft import ALTERNATIVE_NODE, FORCED_NODE, SUFFIX_NODE, DraftTree
+from .forced_tokens import ForcedTokenizer
 
 #: Path probability given to each forced node relative to its parent: the grammar admits
 #: only this string, but the target may tokenise it otherwise (then the node is rejected).
@@ -37,10 +37,6 @@ FORCED_PROB = 0.9
 #: a few property names), each continuation is drafted as a branch of its own.
 ALT_MAX_TOKENS = 48
 ALT_MAX = 4
-#: What a forced string's encoding is checked against (its tokens that any of these
-#: continuations would re-merge are not drafted): a letter, a digit, a quote, a space, a
-#: newline.
-STABLE_PROBES = ("a", "0", '"', " ", "\n")
 
 
 class GrammarCursor(Protocol):
@@ -104,122 +100,6 @@ def prune(tree: DraftTree, cursor: GrammarCursor) -> tuple[list[int], int]:
     visit(-1)
     kept.sort()
     return kept, len(tree.tokens) - len(kept)
-
-
-class ForcedTokenizer:
-    """Token ids for a forced string: how the target committed that string before, else
-    ``encode`` (the model's tokenizer), else the longest vocabulary pieces. Bounded LRU."""
-
-    def __init__(
-        self,
-        vocab: Sequence[bytes] | None = None,
-        encode: Callable[[str], list[int]] | None = None,
-        bound: int = 4096,
-    ) -> None:
-        self.vocab = vocab
-        self.encode = encode
-        self.bound = bound
-        self._learned: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._encoded: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._by_piece: dict[bytes, int] | None = None
-        self._max_piece = 0
-
-    def __len__(self) -> int:
-        return len(self._learned)
-
-    def piece(self, token: int) -> str | None:
-        """What ``token`` spells (None: no vocabulary, or not a whole UTF-8 string)."""
-        if self.vocab is None or not 0 <= token < len(self.vocab):
-            return None
-        try:
-            return bytes(self.vocab[token]).decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-
-    def learned(self, s: str) -> tuple[int, ...] | None:
-        hit = self._learned.get(s)
-        if hit is not None:
-            self._learned.move_to_end(s)
-        return hit
-
-    def tokens(self, s: str) -> list[int]:
-        hit = self.learned(s)
-        if hit is not None:
-            return list(hit)
-        if self.encode is not None:
-            try:
-                return self._stable(s)
-            except Exception:  # noqa: BLE001 - fall through to the vocabulary
-                pass
-        return self._longest_match(s)
-
-    def _stable(self, s: str) -> list[int]:
-        """The tokens of ``s`` that whatever follows cannot re-merge: the common prefix of
-        ``s``'s encoding and those of ``s`` followed by a few probe strings (a forced
-        ``'\\n    '`` alone encodes otherwise than before a ``'"'``, a trailing ``' '``
-        merges with the value after it). Cached, bounded like the learned strings."""
-        hit = self._encoded.get(s)
-        if hit is not None:
-            self._encoded.move_to_end(s)
-            return list(hit)
-        assert self.encode is not None
-        base = list(self.encode(s))
-        keep = len(base)
-        for probe in STABLE_PROBES:
-            other = self.encode(s + probe)
-            n = 0
-            while n < min(keep, len(other)) and other[n] == base[n]:
-                n += 1
-            keep = n
-        out = tuple(base[:keep])
-        self._encoded[s] = out
-        while len(self._encoded) > self.bound:
-            self._encoded.popitem(last=False)
-        return list(out)
-
-    def learn(self, s: str, committed: Sequence[int]) -> bool:
-        """Record the tokens the target committed for ``s`` when the decoded pieces of a
-        prefix of ``committed`` spell exactly ``s`` (a token straddling its end says
-        nothing certain and is not recorded)."""
-        if not s or self.vocab is None:
-            return False
-        want, got, out = s.encode(), b"", []
-        for tok in committed:
-            if not 0 <= tok < len(self.vocab):
-                return False
-            got += bytes(self.vocab[tok])
-            out.append(int(tok))
-            if len(got) >= len(want):
-                break
-        if got != want:
-            return False
-        self._learned[s] = tuple(out)
-        self._learned.move_to_end(s)
-        while len(self._learned) > self.bound:
-            self._learned.popitem(last=False)
-        return True
-
-    def _longest_match(self, s: str) -> list[int]:
-        if self.vocab is None:
-            return []
-        if self._by_piece is None:
-            self._by_piece = {}
-            for i, piece in enumerate(self.vocab):
-                b = bytes(piece)
-                if b and b not in self._by_piece:
-                    self._by_piece[b] = i
-            self._max_piece = max((len(b) for b in self._by_piece), default=0)
-        data, out, i = s.encode(), [], 0
-        while i < len(data):
-            for n in range(min(self._max_piece, len(data) - i), 0, -1):
-                tok = self._by_piece.get(data[i : i + n])
-                if tok is not None:
-                    out.append(tok)
-                    i += n
-                    break
-            else:
-                return out  # no piece spells what follows: draft what we have
-        return out
 
 
 def _spine(tree: DraftTree, kept: list[int]) -> list[int]:
@@ -416,6 +296,10 @@ def shape(
 
 def _stops(cursor: GrammarCursor) -> tuple[int, ...]:
     return tuple(getattr(cursor, "stop_ids", ()) or ())
+
+
+#: Candidate nodes asked of the drafter per verify slot for a grammar request.
+CANDIDATES_PER_SLOT = 2
 
 
 @dataclass

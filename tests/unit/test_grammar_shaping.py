@@ -165,7 +165,7 @@ def test_real_xgrammar_cursor_matches_the_string_grammar_behaviour(tmp_path) -> 
     from transformers import AutoTokenizer
 
     from sglang_spec_ext.models.testing.llama import build_tiny_llama
-    from sglang_spec_ext.sglang.workers.suffix_grammar import XGrammarCursor
+    from sglang_spec_ext.suffix.xgrammar_cursor import XGrammarCursor
 
     model = build_tiny_llama(tmp_path / "tiny", seed=0)
     tok = AutoTokenizer.from_pretrained(model)
@@ -196,7 +196,7 @@ def test_compact_style_matcher_forces_separators_the_lenient_grammar_does_not(tm
     from transformers import AutoTokenizer
 
     from sglang_spec_ext.models.testing.llama import build_tiny_llama
-    from sglang_spec_ext.sglang.workers.suffix_grammar import XGrammarCursor
+    from sglang_spec_ext.suffix.xgrammar_cursor import XGrammarCursor
 
     tok = AutoTokenizer.from_pretrained(build_tiny_llama(tmp_path / "tiny", seed=0))
     info = xg.TokenizerInfo.from_huggingface(tok)
@@ -306,7 +306,7 @@ def test_grammar_drafts_under_overlap_relay(tmp_path) -> None:
 
     from sglang_spec_ext.models.testing.llama import build_tiny_llama
     from sglang_spec_ext.sglang.workers.suffix_grammar import GrammarDrafts
-    from sglang_spec_ext.sglang.workers.suffix_relay import committed_tail
+    from sglang_spec_ext.suffix.xgrammar_cursor import committed_tail
 
     model = build_tiny_llama(tmp_path / "tiny", seed=0)
     tok = AutoTokenizer.from_pretrained(model)
@@ -400,7 +400,7 @@ def test_enum_alternatives_with_xgrammar(tmp_path) -> None:
     from transformers import AutoTokenizer
 
     from sglang_spec_ext.models.testing.llama import build_tiny_llama
-    from sglang_spec_ext.sglang.workers.suffix_grammar import XGrammarCursor
+    from sglang_spec_ext.suffix.xgrammar_cursor import XGrammarCursor
 
     tok = AutoTokenizer.from_pretrained(build_tiny_llama(tmp_path / "tiny", seed=0))
     info = xg.TokenizerInfo.from_huggingface(tok)

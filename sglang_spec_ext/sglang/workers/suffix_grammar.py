@@ -40,125 +40,18 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
-
 from sglang_spec_ext.sglang.serving.request_options import cap_tree
-from sglang_spec_ext.sglang.workers.grammar_layouts import StyleMatchers
-from sglang_spec_ext.sglang.workers.suffix_relay import committed_tail
 from sglang_spec_ext.suffix.draft import DraftTree
-from sglang_spec_ext.suffix.grammar import ForcedTokenizer, ShapeStats, StepBudget, shape
+from sglang_spec_ext.suffix.forced_tokens import ForcedTokenizer, PendingForced
+from sglang_spec_ext.suffix.grammar import (
+    CANDIDATES_PER_SLOT,
+    ShapeStats,
+    StepBudget,
+    shape,
+)
+from sglang_spec_ext.suffix.xgrammar_cursor import StyleMatchers, XGrammarCursor, committed_tail
 
 logger = logging.getLogger("sglang_spec_ext")
-
-#: Requests whose last forced string is remembered for learning (oldest dropped first).
-PENDING_BOUND = 4096
-#: Candidate nodes asked of the drafter per verify slot for a grammar request.
-CANDIDATES_PER_SLOT = 2
-
-
-class XGrammarCursor:
-    """``suffix.grammar.GrammarCursor`` over a fork of the request's xgrammar matcher.
-
-    ``style``: optionally a fork of a second matcher for the same JSON schema compiled
-    without optional whitespace in the layout the output follows (``StyleMatchers``), at
-    the same committed tokens. Where
-    the request's grammar forces nothing only because whitespace could follow, the layout
-    grammar's forced string is offered instead: the separators the target writes
-    (``'": "'``, ``'", "'``) and the property names after them. Every token is still
-    checked against the request's own grammar; once the layout's grammar refuses a token on
-    a path it stays silent below it."""
-
-    def __init__(
-        self,
-        matcher: Any,
-        stop_ids: list[int],
-        style: Any | None = None,
-        vocab_size: int | None = None,
-    ) -> None:
-        self.m = matcher.fork()
-        self.stop_ids = stop_ids
-        self.vocab_size = vocab_size
-        self.s = style.fork() if style is not None else None
-        self._path: list[bool] = []  # per accepted token: did the style matcher take it too
-        self._style_off = 0  # accepted tokens on the path the style matcher did not take
-
-    def accept(self, token: int) -> bool:
-        if not self.m.accept_token(int(token)):
-            return False
-        both = self.s is not None and not self._style_off and bool(self.s.accept_token(int(token)))
-        self._path.append(both)
-        self._style_off += not both
-        return True
-
-    def rollback(self, n: int) -> None:
-        self.m.rollback(int(n))
-        for _ in range(int(n)):
-            both = self._path.pop()
-            if both:
-                self.s.rollback(1)
-            else:
-                self._style_off -= 1
-
-    def forced_string(self) -> str:
-        if self.m.is_terminated():  # past the stop token xgrammar refuses the question
-            return ""
-        forced = self.m.find_jump_forward_string()
-        if self.s is None or self._style_off or self.s.is_terminated():
-            return forced
-        # the layout's string where it goes further ('"' of a key: the layout knows '": '
-        # follows, and the target writes '":' as one token)
-        styled = self.s.find_jump_forward_string()
-        return styled if len(styled) > len(forced) and styled.startswith(forced) else forced
-
-    def next_tokens(self, limit: int) -> list[int] | None:
-        """The tokens the grammar admits here (the layout's where it still speaks), when at
-        most ``limit`` (xgrammar's bitmask, read word by word), else None."""
-        if self.vocab_size is None or self.m.is_terminated():
-            return None
-        g = self.s if self.s is not None and not self._style_off else self.m
-        if g.is_terminated():
-            g = self.m
-        words = _bitmask(self.vocab_size)
-        g.fill_next_token_bitmask(words)
-        row = words.numpy()[0]
-        nonzero = np.flatnonzero(row)
-        if len(nonzero) > limit:  # each nonzero word holds at least one token
-            return None
-        out: list[int] = []
-        for w in nonzero.tolist():
-            bits = int(row[w]) & 0xFFFFFFFF
-            while bits:
-                low = bits & -bits
-                tok = w * 32 + low.bit_length() - 1
-                if tok < self.vocab_size and tok not in self.stop_ids:
-                    out.append(tok)
-                bits ^= low
-            if len(out) > limit:
-                return None
-        return out
-
-    def forced_stop(self) -> int | None:
-        # complete and nothing may follow: only a stop token (a one-token check each)
-        if not self.m.is_completed() or self.m.is_terminated():
-            return None
-        for stop in self.stop_ids:
-            if self.m.accept_token(stop):
-                self.m.rollback(1)
-                return stop
-        return None
-
-
-_BITMASKS: dict[int, Any] = {}
-
-
-def _bitmask(vocab_size: int) -> Any:
-    """One reusable xgrammar token bitmask per vocabulary size (the drafting thread only)."""
-    mask = _BITMASKS.get(vocab_size)
-    if mask is None:
-        import xgrammar as xg
-
-        mask = _BITMASKS[vocab_size] = xg.allocate_token_bitmask(1, vocab_size)
-    return mask
 
 
 def _vocab_size(req: Any) -> int | None:
@@ -185,7 +78,7 @@ class GrammarDrafts:
         self.budget_s = budget_ms / 1000.0
         self.stats = ShapeStats()
         self.tokenizer: ForcedTokenizer | None = None
-        self._pending: dict[str, tuple[int, str]] = {}  # rid -> (committed count, forced)
+        self._pending = PendingForced()  # forced strings to learn the target's tokens of
         self._unsupported: set[str] = set()
         self.skipped_stale = 0
         self.fed_relayed = 0  # matchers forked and fed the relayed tokens (HYBRID, overlap)
@@ -290,7 +183,7 @@ class GrammarDrafts:
 
     def forget(self, rids: list[str]) -> None:
         for rid in rids:
-            self._pending.pop(rid, None)
+            self._pending.forget(rid)
         self.style.forget(rids)
 
     def _style_of(self, req: Any, prev: list[int]) -> Any | None:
@@ -330,22 +223,11 @@ class GrammarDrafts:
         return self.tokenizer
 
     def _remember(self, req: Any, committed: int, cursor: XGrammarCursor) -> None:
-        forced = cursor.forced_string()  # at the committed state (the cursor is back there)
-        if forced:
-            self._pending[req.rid] = (committed, forced)
-            while len(self._pending) > PENDING_BOUND:
-                self._pending.pop(next(iter(self._pending)))
-        else:
-            self._pending.pop(req.rid, None)
+        # at the committed state (the cursor is back there)
+        self._pending.remember(req.rid, committed, cursor.forced_string())
 
     def _learn(self, req: Any, prev: list[int], tokenizer: ForcedTokenizer) -> None:
-        pending = self._pending.pop(req.rid, None)
-        if pending is None:
-            return
-        start, forced = pending
-        committed = committed_tail(req, prev, start)
-        if committed:
-            tokenizer.learn(forced, committed)
+        self._pending.learn(req.rid, tokenizer, lambda start: committed_tail(req, prev, start))
 
 
 def _stop_ids(req: Any) -> list[int]:

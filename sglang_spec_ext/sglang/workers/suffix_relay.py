@@ -54,13 +54,3 @@ def last_token(req: Any, prev: list[int]) -> int:
         return prev[-1]
     out = req.output_ids
     return out[-1] if len(out) else req.origin_input_ids_unpadded[-1]
-
-
-def committed_tail(req: Any, prev: list[int], start: int) -> list[int]:
-    """``req``'s committed tokens from position ``start`` of its output: ``req.output_ids``
-    then ``prev``, the previous step's tokens it does not hold yet (overlap relay)."""
-    out = req.output_ids
-    n = len(out)
-    if start >= n:
-        return list(prev[start - n :])
-    return list(out[start:]) + list(prev)
