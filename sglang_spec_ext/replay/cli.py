@@ -220,6 +220,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         report = build_report(result, args, opts, wall)
+        shaped = getattr(drafter, "stats", None)  # grammar-aware drafts (replay/grammar.py)
+        if args.tokenizer and shaped is not None:
+            report["grammar_drafts"] = shaped.as_dict()
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     print(f"drafter={args.drafter} width={args.width} trace={args.trace} requests={len(records)}")
