@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from grammar_smollm2 import SUFFIX, ask, run_level  # noqa: E402
+from grammar_smollm2 import SUFFIX, ask, level_summary, run_level  # noqa: E402
 from model_draft_smollm2 import serve  # noqa: E402
 from ragged_smollm2 import last_stats  # noqa: E402
 
@@ -148,16 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in CONFIGS:
         summary[name] = {}
         for c in levels:
-            lv, base = results[name][c], results["plain"][c]
-            diff = [i for i, (a, b) in enumerate(zip(lv["rows"], base["rows"], strict=True))
-                    if a["output_ids"] != b["output_ids"]]  # fmt: skip
-            acc = lv["structured_accept_length"]
             summary[name][c] = {
-                "goodput_tok_s": round(lv["goodput_tok_s"], 2),
-                "vs_plain": round(lv["goodput_tok_s"] / base["goodput_tok_s"], 3),
-                "accept_length_structured": acc and round(acc, 3),
-                "identical_to_plain": not diff,
-                "differing_requests": diff,
+                **level_summary(results[name][c], results["plain"][c]),
                 "host": probes[name][c],
             }
     keep = ("grammar_barrier_steps", "grammar_stale_skips", "grammar_steps", "relay_repeats",

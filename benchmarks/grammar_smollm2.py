@@ -76,6 +76,20 @@ def run_level(server, reqs: list[tuple[str, list[int], dict]], c: int, max_new: 
             "structured_accept_length": s_tok / s_steps if s_steps else None}  # fmt: skip
 
 
+def level_summary(lv: dict, base: dict) -> dict:
+    """One server's level against plain's: goodput, accept length, identical outputs."""
+    diff = [i for i, (a, b) in enumerate(zip(lv["rows"], base["rows"], strict=True))
+            if a["output_ids"] != b["output_ids"]]  # fmt: skip
+    acc = lv["structured_accept_length"]
+    return {
+        "goodput_tok_s": round(lv["goodput_tok_s"], 2),
+        "vs_plain": round(lv["goodput_tok_s"] / base["goodput_tok_s"], 3),
+        "accept_length_structured": acc and round(acc, 3),
+        "identical_to_plain": not diff,
+        "differing_requests": diff,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--levels", default="1,8")
@@ -122,17 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         summary[name] = {}
         for c in levels:
-            lv, base = results[name][c], results["plain"][c]
-            diff = [i for i, (a, b) in enumerate(zip(lv["rows"], base["rows"], strict=True))
-                    if a["output_ids"] != b["output_ids"]]  # fmt: skip
-            acc = lv["structured_accept_length"]
+            lv = results[name][c]
             summary[name][c] = {
-                "goodput_tok_s": round(lv["goodput_tok_s"], 2),
-                "vs_plain": round(lv["goodput_tok_s"] / base["goodput_tok_s"], 3),
-                "accept_length_structured": acc and round(acc, 3),
+                **level_summary(lv, results["plain"][c]),
                 "accept_length_all": lv["accept_length"] and round(lv["accept_length"], 3),
-                "identical_to_plain": not diff,
-                "differing_requests": diff,
                 "wall_s": round(lv["wall_s"], 2),
             }
     keep = ("verify_tokens_per_step", "padded_verify_tokens_per_step", "ragged_verify_steps")

@@ -233,6 +233,22 @@ def test_compact_style_matcher_forces_separators_the_lenient_grammar_does_not(tm
     assert compact.find_jump_forward_string() == '{"city": "'
 
 
+def _city_grammar(tmp_path):
+    """xgrammar, the tiny model's path, its tokenizer and tokenizer info, and a one-property
+    JSON schema with its compiled grammar (as the host compiles it)."""
+    xg = pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from sglang_spec_ext.models.testing.llama import build_tiny_llama
+
+    model = build_tiny_llama(tmp_path / "tiny", seed=0)
+    tok = AutoTokenizer.from_pretrained(model)
+    info = xg.TokenizerInfo.from_huggingface(tok)
+    schema = json.dumps({"type": "object", "properties": {"city": {"type": "string"}},
+                         "required": ["city"]})  # fmt: skip
+    return xg, model, tok, info, schema, xg.GrammarCompiler(info).compile_json_schema(schema)
+
+
 def test_grammar_drafts_on_host_shaped_requests(tmp_path, caplog) -> None:
     """GrammarDrafts (the SUFFIX worker's part) on stand-in requests holding real xgrammar
     grammars: shapes in-sync requests, leaves a stale matcher or another backend's grammar
@@ -241,18 +257,9 @@ def test_grammar_drafts_on_host_shaped_requests(tmp_path, caplog) -> None:
     import logging
     from types import SimpleNamespace
 
-    xg = pytest.importorskip("xgrammar")
-    from transformers import AutoTokenizer
-
-    from sglang_spec_ext.models.testing.llama import build_tiny_llama
     from sglang_spec_ext.sglang.workers.suffix_grammar import GrammarDrafts
 
-    model = build_tiny_llama(tmp_path / "tiny", seed=0)
-    tok = AutoTokenizer.from_pretrained(model)
-    info = xg.TokenizerInfo.from_huggingface(tok)
-    schema = json.dumps({"type": "object", "properties": {"city": {"type": "string"}},
-                         "required": ["city"]})  # fmt: skip
-    compiled = xg.GrammarCompiler(info).compile_json_schema(schema)
+    xg, model, tok, info, schema, compiled = _city_grammar(tmp_path)
 
     def req(rid, output=()):
         m = xg.GrammarMatcher(compiled)
@@ -301,19 +308,10 @@ def test_grammar_drafts_under_overlap_relay(tmp_path) -> None:
     learned tokenisation follow the same committed tokens."""
     from types import SimpleNamespace
 
-    xg = pytest.importorskip("xgrammar")
-    from transformers import AutoTokenizer
-
-    from sglang_spec_ext.models.testing.llama import build_tiny_llama
     from sglang_spec_ext.sglang.workers.suffix_grammar import GrammarDrafts
     from sglang_spec_ext.suffix.xgrammar_cursor import committed_tail
 
-    model = build_tiny_llama(tmp_path / "tiny", seed=0)
-    tok = AutoTokenizer.from_pretrained(model)
-    info = xg.TokenizerInfo.from_huggingface(tok)
-    schema = json.dumps({"type": "object", "properties": {"city": {"type": "string"}},
-                         "required": ["city"]})  # fmt: skip
-    compiled = xg.GrammarCompiler(info).compile_json_schema(schema)
+    xg, model, tok, info, schema, compiled = _city_grammar(tmp_path)
     head = [*tok.encode("{", add_special_tokens=False), *tok.encode('"', add_special_tokens=False)]
     assert len(head) == 2
 
