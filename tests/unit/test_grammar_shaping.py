@@ -478,3 +478,13 @@ def test_forced_strings_are_tokenised_without_their_unstable_tail() -> None:
     assert tk.tokens('":') == [pieces.index('":')]  # nothing re-merges with a colon here
     n = len(calls)
     assert tk.tokens('": ') == [pieces.index('":')] and len(calls) == n  # cached
+
+
+def test_the_served_tokenizer_path_falls_back_to_the_model_path() -> None:
+    from types import SimpleNamespace
+
+    from sglang_spec_ext.sglang.workers.suffix_grammar import served_tokenizer_path
+
+    assert served_tokenizer_path(SimpleNamespace(tokenizer_path="/t", model_path="/m")) == "/t"
+    assert served_tokenizer_path(SimpleNamespace(tokenizer_path=None, model_path="/m")) == "/m"
+    assert served_tokenizer_path(None) is None

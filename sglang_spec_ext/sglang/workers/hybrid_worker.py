@@ -91,7 +91,7 @@ class HybridMixin:
         self.hybrid = HybridState(config.hybrid_policy)
         self._suffix = SuffixWorker.drafting_only(
             use_tree=self.topk > 1,
-            tokenizer_path=getattr(getattr(self, "server_args", None), "tokenizer_path", None),
+            tokenizer_path=served_tokenizer_path(getattr(self, "server_args", None)),
         )
         # the first draft token's confidence, from the draft extend (hybrid_confidence.py)
         self._first = FirstTokenProbs()

@@ -238,6 +238,17 @@ def _stop_ids(req: Any) -> list[int]:
         return []
 
 
+def served_tokenizer_path(server_args: Any) -> str | None:
+    """Where the served model's tokenizer is: ``--tokenizer-path``, else the model path (the
+    scheduler's ``ServerArgs`` in 0.5.23 holds ``tokenizer_path=None`` when the flag was not
+    given, seen serving SmolLM2: grammar drafts then fell back to longest-match spelling)."""
+    for name in ("tokenizer_path", "model_path"):
+        path = getattr(server_args, name, None)
+        if isinstance(path, str) and path:
+            return path
+    return None
+
+
 def _hf_encoder(path: str | None) -> Any:
     """The served model's tokenizer's ``encode`` (no special tokens), or None."""
     if not path:
@@ -248,5 +259,10 @@ def _hf_encoder(path: str | None) -> Any:
         tok = AutoTokenizer.from_pretrained(path)
         return lambda s: tok.encode(s, add_special_tokens=False)
     except Exception as exc:  # noqa: BLE001
-        logger.info("SUFFIX: grammar drafts tokenise forced strings by vocabulary (%s)", exc)
+        logger.warning(
+            "SUFFIX: grammar drafts could not load the tokenizer at %s (%s); forced strings "
+            "are tokenised by longest vocabulary match, which the target often spells otherwise",
+            path,
+            exc,
+        )
         return None

@@ -45,7 +45,7 @@ from sglang_spec_ext.sglang.verify.width_switch import WidthSwitchMixin
 from sglang_spec_ext.sglang.verify.widths import VerifyWidthBackends
 from sglang_spec_ext.sglang.workers import plain_step
 from sglang_spec_ext.sglang.workers.suffix_corpora import ExternalCorporaMixin
-from sglang_spec_ext.sglang.workers.suffix_grammar import GrammarDrafts
+from sglang_spec_ext.sglang.workers.suffix_grammar import GrammarDrafts, served_tokenizer_path
 from sglang_spec_ext.sglang.workers.suffix_ragged import RaggedStepsMixin
 from sglang_spec_ext.sglang.workers.suffix_relay import last_token, relayed_per_request
 from sglang_spec_ext.sglang.workers.suffix_sessions import DrafterSessionsMixin, SessionCloser
@@ -163,7 +163,7 @@ class SuffixWorker(
         self._ragged_resolved = False
         self._config = config  # the bounds the metrics report
         # grammar-aware drafts for structured-output requests (suffix_grammar.py)
-        tokenizer_path = getattr(getattr(self, "server_args", None), "tokenizer_path", None)
+        tokenizer_path = served_tokenizer_path(getattr(self, "server_args", None))
         self._grammar = GrammarDrafts(
             config.grammar_drafts, config.grammar_draft_ms, tokenizer_path or None
         )
