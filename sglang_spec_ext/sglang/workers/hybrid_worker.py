@@ -63,6 +63,7 @@ from sglang_spec_ext.sglang.workers.hybrid_commits import CommitLog, StepRows, r
 from sglang_spec_ext.sglang.workers.hybrid_confidence import FirstTokenProbs, ensure_tap
 from sglang_spec_ext.sglang.workers.hybrid_draft import suffix_candidate, suffix_wins_everywhere
 from sglang_spec_ext.sglang.workers.hybrid_draft_hooks import hook_draft_worker
+from sglang_spec_ext.sglang.workers.suffix_grammar import served_tokenizer_path
 from sglang_spec_ext.sglang.workers.tp_sync import tp_sync
 from sglang_spec_ext.suffix.draft import DraftTree
 from sglang_spec_ext.verify.layout import tree_mask
