@@ -21,7 +21,7 @@ objects (outlines, llguidance) keep today's drafts, said once in the log.
 Under the host's default JSON grammar (optional whitespace between tokens) almost nothing is
 forced: whitespace could follow every brace, colon and comma. For a ``json_schema`` request
 matchers of the same schema compiled without optional whitespace, one per layout (one line,
-indented by 2 or 4), follow the committed tokens (``grammar_layouts.py``) until the output has
+indented by 2 or 4), follow the committed tokens (``suffix/xgrammar_cursor.py``) until the output has
 picked one; where the request's grammar forces nothing, that layout's forced string
 (newlines and indentation, separators, the property names after them) is drafted, each
 token still checked against the request's own grammar. A request whose output leaves every

@@ -165,7 +165,7 @@ class SuffixWorker(
         # grammar-aware drafts for structured-output requests (suffix_grammar.py)
         tokenizer_path = served_tokenizer_path(getattr(self, "server_args", None))
         self._grammar = GrammarDrafts(
-            config.grammar_drafts, config.grammar_draft_ms, tokenizer_path or None
+            config.grammar_drafts, config.grammar_draft_ms, tokenizer_path
         )
         self.corpora = CorpusStore(self, config.max_corpus_tokens)
         self._init_sessions(config)  # suffix_sessions.py (and a snapshot's warm restart)
