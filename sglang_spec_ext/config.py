@@ -150,6 +150,7 @@ class PluginConfig:
     hybrid_draft: str = "auto"
     hybrid_policy: str = "learned"
     hybrid_skip_model_draft: bool = True
+    hybrid_suffix_width: int = 16
     # Where each value came from: field name -> "default" | "file" | "env".
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
     # Adaptive-controller options that differ from AdaptiveConfig's defaults.

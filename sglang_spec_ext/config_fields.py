@@ -289,4 +289,14 @@ FIELDS: tuple[Field, ...] = (
         "HYBRID: skip the draft model's draft forwards in a step where the suffix draft wins "
         "for every request whatever the model would draft (one TP rank only)",
     ),
+    Field(
+        "hybrid_suffix_width",
+        int,
+        16,
+        "HYBRID: verify width (root included) up to which a winning suffix draft keeps its "
+        "own length beside the model's chains, in a wide step taken where it pays "
+        "(hybrid/wide.py); at or below the model's verify width: suffix drafts are cut to it",
+        1,
+        64,
+    ),
 )

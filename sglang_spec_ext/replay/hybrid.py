@@ -88,6 +88,7 @@ class HybridResult:
     steps_k: int  # model draft length (chain tokens)
     width: int  # verify width, root included
     draft_name: str
+    suffix_width: int  # a winning suffix draft's verify width (wide steps above ``width``)
     overall: HybridStats
     by_set: dict[str, HybridStats]
     state: dict[str, Any]  # HybridState.summary() at the end of the run
@@ -101,6 +102,7 @@ class HybridResult:
             "policy": self.policy,
             "k": self.steps_k,
             "width": self.width,
+            "suffix_width": self.suffix_width,
             "draft": self.draft_name,
             "overall": self.overall.summary(),
             "by_set": {name: s.summary() for name, s in self.by_set.items()},
@@ -150,6 +152,7 @@ def replay_hybrid(
     drafter: Drafter | None = None,
     state: HybridState | None = None,
     skip_model: bool = False,
+    suffix_width: int | None = None,
 ) -> HybridResult:
     """Replay ``records`` in order with HYBRID's choice under ``policy`` (one of
     ``hybrid.POLICIES``, or :data:`ORACLE`, the hindsight bound).
@@ -166,6 +169,10 @@ def replay_hybrid(
     suffix_wins_before_model_drafts``, from the first token's probability) takes it
     without a model draft (counted in ``model_skipped``; the state then learns nothing
     of the model from that step).
+    ``suffix_width``: a winning suffix draft keeps up to ``suffix_width - 1`` nodes (the
+    server's wide steps, ``hybrid/wide.py``, taken whenever they add expected tokens: a
+    replay has no step cost) while the model's chain stays at ``width - 1``; default
+    ``width`` (the suffix draft cut to the model's width, as a server without wide steps).
     """
     records = list(records)
     if policy not in REPLAY_POLICIES:
@@ -176,6 +183,7 @@ def replay_hybrid(
     if width < 2:
         raise ValueError(f"width={width} must be >= 2 (root plus one draft node)")
     budget = width - 1
+    suffix_budget = max(width, suffix_width or width) - 1
     name = _pick_draft_name(records, draft_name)
     for i, rec in enumerate(records):
         drafts = rec.model_drafts.get(name)
@@ -187,7 +195,8 @@ def replay_hybrid(
                 f"position, fewer than the {min(steps, budget)} asked for"
             )
     if drafter is None:
-        drafter = make_drafter("suffix", suffix_options or DrafterOptions(width=width))
+        opts = suffix_options or DrafterOptions(width=suffix_budget + 1)
+        drafter = make_drafter("suffix", opts)
     if state is None:
         state = HybridState("learned" if policy == ORACLE else policy)
     elif policy != ORACLE and state.chooser.policy != policy:
@@ -202,7 +211,7 @@ def replay_hybrid(
         stats = by_set.setdefault(rec.set, HybridStats())
         commits, sources = _replay_one(
             drafter, state, rid, rec, name, steps, budget, stats, oracle=policy == ORACLE,
-            skip_model=skip_model and policy != ORACLE,
+            skip_model=skip_model and policy != ORACLE, suffix_budget=suffix_budget,
         )  # fmt: skip
         all_commits.append(commits)
         all_sources.append(sources)
@@ -213,6 +222,7 @@ def replay_hybrid(
         steps_k=steps,
         width=width,
         draft_name=name,
+        suffix_width=suffix_budget + 1,
         overall=overall,
         by_set=by_set,
         state=state.summary(),
@@ -233,6 +243,7 @@ def _replay_one(
     stats: HybridStats,
     oracle: bool = False,
     skip_model: bool = False,
+    suffix_budget: int | None = None,
 ) -> tuple[list[int], list[str]]:
     out = rec.output_ids
     n = len(out)
@@ -246,7 +257,7 @@ def _replay_one(
         drafter.extend_request(rid, out[:1])  # prefill's token
         pos = 1
     while pos < n:
-        suffix = suffix_candidate(drafter, rid, budget)
+        suffix = suffix_candidate(drafter, rid, budget if suffix_budget is None else suffix_budget)
         model = model_candidate(rec, name, pos, min(steps, budget))
         first = rec.model_drafts[name].probs[pos][0] if model.tokens else 0.0
         if skip_model and state.chooser.suffix_wins_before_model_drafts(

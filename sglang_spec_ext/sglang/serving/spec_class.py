@@ -119,3 +119,16 @@ class HybridSpecAlgo(_PluginSpecAlgo):
         from sglang_spec_ext.sglang.serving.server_args import handle_hybrid_server_args
 
         handle_hybrid_server_args(self.name, server_args)
+
+    def resolve_max_speculative_num_draft_tokens(self, server_args: Any) -> int | None:
+        """The model's verify width, or the suffix width where wide steps can verify a
+        suffix draft at its own length (``hybrid/wide.py``): the scheduler reserves each
+        request's KV, and the host sizes its logits and eager buffers, for the largest."""
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        from sglang_spec_ext.sglang.serving.server_args import plugin_config
+
+        width = resolving_view(server_args).speculative_num_draft_tokens
+        if width is None:
+            return None
+        return max(int(width), int(plugin_config().hybrid_suffix_width))

@@ -8,7 +8,8 @@ the class-level hooks of ``sglang/host/hooks.py``):
   every request whatever the model would draft, the host's draft step runs with a stub
   for its forwards (``hybrid_draft.draft_without_model``); then the choice per request
   and the splice of the winning suffix drafts into the verify input
-  (``HybridMixin._choose_and_splice``);
+  (``HybridMixin._choose_and_splice``; a wide step returns a wider verify input,
+  ``hybrid_wide.py``);
 * ``draft_runner.forward``: the first draft token's probabilities from an eager draft
   extend's logits (``hybrid_confidence.FirstTokenProbs``);
 * ``_draft_extend_for_decode`` / ``_draft_extend_for_prefill``: the bounds of a draft
@@ -52,11 +53,9 @@ def hook_draft_worker(worker: Any) -> None:
                 worker._skip_model = False
                 worker._hybrid_fault(exc)
             else:
-                worker._choose_and_splice(batch, verify_input, drafted, skipped=True)
-                return verify_input
+                return worker._choose_and_splice(batch, verify_input, drafted, skipped=True)
         verify_input = draft_fn(batch, with_topology=False)
-        worker._choose_and_splice(batch, verify_input, drafted)
-        return verify_input
+        return worker._choose_and_splice(batch, verify_input, drafted)
 
     def extend_for_decode(batch: Any, batch_result: Any, **kwargs: Any) -> Any:
         worker._first.tap_graph_runner(getattr(draft, "cuda_graph_runner_for_draft_extend", None))

@@ -55,6 +55,7 @@ import torch
 
 from sglang_spec_ext.hybrid.candidate import MODEL, SUFFIX, Candidate
 from sglang_spec_ext.hybrid.choice import HybridState, chain_score
+from sglang_spec_ext.hybrid.wide import wide_pays
 from sglang_spec_ext.sglang.serving import metrics as spec_metrics
 from sglang_spec_ext.sglang.serving.request_options import cap_tree, max_draft_tokens
 from sglang_spec_ext.sglang.serving.server_args import plugin_config
@@ -63,6 +64,7 @@ from sglang_spec_ext.sglang.workers.hybrid_commits import CommitLog, StepRows, r
 from sglang_spec_ext.sglang.workers.hybrid_confidence import FirstTokenProbs, ensure_tap
 from sglang_spec_ext.sglang.workers.hybrid_draft import suffix_candidate, suffix_wins_everywhere
 from sglang_spec_ext.sglang.workers.hybrid_draft_hooks import hook_draft_worker
+from sglang_spec_ext.sglang.workers.hybrid_wide import WideStepsMixin
 from sglang_spec_ext.sglang.workers.suffix_grammar import served_tokenizer_path
 from sglang_spec_ext.sglang.workers.tp_sync import tp_sync
 from sglang_spec_ext.suffix.draft import DraftTree
@@ -77,7 +79,26 @@ STATS_LOG_MARK = "sglang-spec-ext hybrid stats: "
 REQUEST_STATE_BOUND = 4096
 
 
-class HybridMixin:
+class _Rows:
+    """One step's rows, packed ``width`` wide: tokens (root first), ancestor masks, node
+    counts, and which rows hold the suffix draft."""
+
+    def __init__(self, bs: int, width: int) -> None:
+        self.width = width
+        self.flags = np.zeros(bs, dtype=np.int64)
+        self.lens = np.zeros(bs, dtype=np.int64)
+        self.tokens = np.zeros((bs, width), dtype=np.int64)
+        self.masks = np.zeros((bs, width, width), dtype=bool)
+
+    def write(self, b: int, tokens: Any, parents: Any) -> None:
+        n = len(tokens)
+        self.tokens[b, 1:] = 0
+        self.tokens[b, 1 : 1 + n] = tokens
+        self.masks[b] = tree_mask(parents, self.width)
+        self.lens[b] = n
+
+
+class HybridMixin(WideStepsMixin):
     """HYBRID's additions to a host model-draft worker (see the module docstring)."""
 
     @property
@@ -99,8 +120,10 @@ class HybridMixin:
         self._choice: list[str] = []
         self._starts: list[int] | None = None  # each request's committed count at the choice
         self._rids: set[str] = set()
+        # wide steps: suffix drafts at their own length (hybrid_wide.py)
+        self._init_wide(int(config.hybrid_suffix_width), float(config.draft_gate_cost))
         # what each request committed, from this worker's own outputs (hybrid_commits.py)
-        self._commits = CommitLog(keep=4 * self._width + 8)
+        self._commits = CommitLog(keep=4 * self._pack_width() + 8)
         self._hybrid_faults = 0
         self._stats_logged_at: float | None = None
         self._stats_interval = config.stats_log_interval_s
@@ -156,9 +179,10 @@ class HybridMixin:
         copy), each request's suffix session brought up to date, and its suffix draft;
         with each request's committed-token count."""
         self._starts = None
+        self._resolve_wide()
         self._read_host([])
         self._close_departed(batch)
-        width = self._width
+        slots = self._pack_width() - 1
         rids, committed, relayed = [], [], []
         for req in batch.reqs:
             out = req.output_ids
@@ -179,7 +203,7 @@ class HybridMixin:
         self._starts = committed
         ok = [r is not None and r in self._suffix.drafter for r in rids]
         # grammar requests' drafts shaped by their grammar (suffix_grammar.py)
-        trees = self._suffix._drafts(batch.reqs, [r or "" for r in rids], ok, width - 1, relayed)
+        trees = self._suffix._drafts(batch.reqs, [r or "" for r in rids], ok, slots, relayed)
         drafts = [
             cap_tree(tree, max_draft_tokens(req)) if good else None
             for tree, good, req in zip(trees, ok, batch.reqs, strict=True)
@@ -195,33 +219,45 @@ class HybridMixin:
 
     def _choose_and_splice(
         self, batch: Any, verify_input: Any, drafted: Any, skipped: bool = False
-    ) -> None:
-        bs, width = len(batch.reqs), self._width
+    ) -> Any:
+        """The choice per request and the winning suffix drafts in the verify input;
+        returns the step's verify input (a wider one for a wide step, hybrid_wide.py)."""
+        bs, width, pack = len(batch.reqs), self._width, self._pack_width()
         self._choice = [MODEL] * bs
         try:
             if isinstance(drafted, BaseException):
                 raise drafted
             if skipped:
-                flags, tokens, masks = self._take_suffix(batch, *drafted)
+                flags, tokens, masks, lens = self._take_suffix(batch, *drafted)
             else:
-                flags, tokens, masks = self._decide(batch, verify_input, *drafted)
+                flags, tokens, masks, lens = self._decide(batch, verify_input, *drafted)
         except Exception as exc:  # this rank's contribution is zero: model drafts
             self._hybrid_fault(exc)
             flags = np.zeros(bs, dtype=np.int64)
-            tokens = np.zeros((bs, width), dtype=np.int64)
-            masks = np.zeros((bs, width, width), dtype=bool)
+            lens = np.zeros(bs, dtype=np.int64)
+            tokens = np.zeros((bs, pack), dtype=np.int64)
+            masks = np.zeros((bs, pack, pack), dtype=bool)
         if self._tp is not None:  # outside the fault path: every rank takes part
-            flags, tokens, masks = self._tp_share(flags, tokens, masks)
+            flags, tokens, masks, lens = self._tp_share(flags, tokens, masks, lens)
         try:
             rows = [b for b in range(bs) if flags[b]]
-            if rows:
-                self._splice(batch, verify_input, rows, tokens, masks)
+            step = max(width, 1 + int(lens[rows].max())) if rows else width
+            if step > width:  # every row rewritten, the model's from the host copy
+                verify_input = self._widen(batch, verify_input, tokens[:, :step],
+                                           masks[:, :step, :step])  # fmt: skip
+                self._step_width = step
+                self._wide_stats.verify_tokens += bs * step
+            elif rows:
+                self._splice(batch, verify_input, rows, tokens[:, :width],
+                             masks[:, :width, :width])  # fmt: skip
             self._choice = [SUFFIX if flags[b] else MODEL for b in range(bs)]
         except Exception as exc:  # keep the model's drafts: verify stays exact
             self._hybrid_fault(exc)
+            self._narrow_back()
             self._choice = [MODEL] * bs
         self._maybe_log_stats()
         self._suffix._maybe_log_stats()  # the SUFFIX worker's drafter-stats line, as SUFFIX logs it
+        return verify_input
 
     def _hybrid_fault(self, exc: BaseException) -> None:
         self._hybrid_faults += 1
@@ -250,10 +286,10 @@ class HybridMixin:
 
     def _decide(
         self, batch: Any, verify_input: Any, drafts: list, committed: list[int]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per request: whether the suffix draft wins, and its packed row (tokens, mask).
-        The model's draft (tokens, links, per-step confidence) is this step's second and
-        last host copy."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per request: whether the suffix draft wins, and the row the step verifies
+        (tokens, mask, node count; the model's where it wins). The model's draft (tokens,
+        links, per-step confidence) is this step's second and last host copy."""
         bs, width = len(batch.reqs), self._width
         rows = self._tap.step_rows(bs, int(self._draft_worker.speculative_num_steps))
         views = [verify_input.draft_token.view(bs, width),
@@ -262,48 +298,102 @@ class HybridMixin:
         host = self._read_host(views if rows is None else [*views, rows])
         host_tokens, next_tok, next_sib = (a.tolist() for a in host[:3])
         step_probs = host[3] if rows is not None else np.zeros((bs, 0))
-        flags = np.zeros(bs, dtype=np.int64)
-        tokens = np.zeros((bs, width), dtype=np.int64)
-        masks = np.zeros((bs, width, width), dtype=bool)
+        packed = _Rows(bs, self._pack_width())
+        trees: list[DraftTree | None] = [None] * bs
+        models: list[Candidate | None] = [None] * bs
         for b, req in enumerate(batch.reqs):
             tree = drafts[b] if drafts[b] is not None else DraftTree()
             m_tokens, m_parents = read_tree(host_tokens[b], next_tok[b], next_sib[b])
             p = [self._first.get(req.rid), *step_probs[b].tolist()]
             model = Candidate(MODEL, m_tokens, m_parents, chain_score(p[: len(m_tokens)]))
+            packed.tokens[b, 0] = host_tokens[b][0]  # the root: the last committed token
             suffix = suffix_candidate(tree)
             cap = max_draft_tokens(req)
             if cap is not None and len(m_tokens) > cap:  # the request's cap: its cut suffix draft
                 self.hybrid.take_suffix(req.rid, committed[b], suffix)
             elif self.hybrid.choose(req.rid, committed[b], suffix, model) != SUFFIX:
+                packed.write(b, m_tokens, m_parents)
                 continue
-            flags[b] = 1
-            tokens[b, 0] = host_tokens[b][0]  # the root: the last committed token
-            tokens[b, 1 : 1 + len(tree.tokens)] = tree.tokens
-            masks[b] = tree_mask(tree.parents, width)
-        return flags, tokens, masks
+            else:
+                models[b] = model
+            packed.flags[b] = 1
+            packed.write(b, tree.tokens, tree.parents)
+            trees[b] = tree
+        self._fit_width(packed, trees, models)
+        return packed.flags, packed.tokens, packed.masks, packed.lens
 
     def _take_suffix(
         self, batch: Any, drafts: list, committed: list[int]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Every request's suffix draft (the model did not draft); no host read."""
-        bs, width = len(batch.reqs), self._width
+        bs = len(batch.reqs)
         self._skipped_steps += 1
-        tokens = np.zeros((bs, width), dtype=np.int64)  # the root stays the host's
-        masks = np.zeros((bs, width, width), dtype=bool)
+        packed = _Rows(bs, self._pack_width())  # the root stays the host's
         for b, req in enumerate(batch.reqs):
             tree = drafts[b]
             self.hybrid.take_suffix(req.rid, committed[b], suffix_candidate(tree))
-            tokens[b, 1 : 1 + len(tree.tokens)] = tree.tokens
-            masks[b] = tree_mask(tree.parents, width)
-        return np.ones(bs, dtype=np.int64), tokens, masks
+            packed.write(b, tree.tokens, tree.parents)
+        packed.flags[:] = 1
+        self._fit_width(packed, list(drafts), [None] * bs)
+        return packed.flags, packed.tokens, packed.masks, packed.lens
 
-    def _tp_share(self, flags: np.ndarray, tokens: np.ndarray, masks: np.ndarray) -> tuple:
-        """Every TP rank splices the first rank's choices and suffix rows."""
+    def _fit_width(
+        self, packed: _Rows, trees: list[DraftTree | None], models: list[Candidate | None]
+    ) -> None:
+        """Where a winning suffix draft is longer than the model's width: keep it whole
+        (a wide step) where the expected extra accepted tokens pay for the step's extra
+        verify tokens (``hybrid/wide.py``), else cut it to the model's width (and take the
+        model's draft where that is now the better)."""
+        width = self._width
+        long = [b for b in range(len(trees)) if packed.flags[b] and packed.lens[b] > width - 1]
+        if not long:
+            return
+        est = self.hybrid.estimator
+        bs = len(trees)
+        committed, gain, cut = float(bs), 0.0, {}
+        for b in range(bs):
+            model = models[b]
+            e_model = est.expected(MODEL, model.score) if model and model.tokens else 0.0
+            tree = trees[b]
+            if not packed.flags[b]:
+                committed += e_model
+            elif b not in long:
+                committed += est.expected(SUFFIX, tree.score)
+            else:
+                cut[b] = capped = cap_tree(tree, width - 1)
+                narrow = max(est.expected(SUFFIX, capped.score), e_model)
+                committed += narrow
+                gain += max(0.0, est.expected(SUFFIX, tree.score) - narrow)
+        stats = self._wide_stats
+        stats.steps += 1
+        wide = 1 + int(packed.lens[long].max())
+        if wide_pays(self._wide_cost, bs, width, wide, committed, gain):
+            stats.wide_steps += 1
+            stats.wide_rows += len(long)
+            return
+        stats.capped_rows += len(long)
+        for b, capped in cut.items():
+            model = models[b]
+            if (
+                model is not None
+                and model.tokens
+                and est.expected(MODEL, model.score) > est.expected(SUFFIX, capped.score)
+            ):
+                packed.flags[b] = 0
+                packed.write(b, model.tokens, model.parents)
+            else:
+                packed.write(b, capped.tokens, capped.parents)
+
+    def _tp_share(
+        self, flags: np.ndarray, tokens: np.ndarray, masks: np.ndarray, lens: np.ndarray
+    ) -> tuple:
+        """Every TP rank verifies the first rank's choices and rows."""
         bs, width = tokens.shape
-        packed = np.concatenate([tokens, flags[:, None]], axis=1).reshape(-1)
+        packed = np.concatenate([tokens, flags[:, None], lens[:, None]], axis=1).reshape(-1)
         packed, masks_flat = self._tp.drafts(packed, masks.reshape(-1))
-        packed = packed.reshape(bs, width + 1)
-        return packed[:, -1], packed[:, :-1], masks_flat.reshape(bs, width, width)
+        packed = packed.reshape(bs, width + 2)
+        return (packed[:, -2], packed[:, :-2], masks_flat.reshape(bs, width, width),
+                packed[:, -1])  # fmt: skip
 
     def _splice(
         self, batch: Any, vi: Any, rows: list[int], tokens: np.ndarray, masks: np.ndarray
@@ -348,6 +438,7 @@ class HybridMixin:
         stats["model_draft_skipped_steps"] = self._skipped_steps
         stats["suffix"] = self._suffix.drafter_stats()
         stats["learned"] = self.hybrid.estimator.table()
+        stats["wide"] = self.wide_stats()
         return stats
 
     def _maybe_log_stats(self) -> None:

@@ -1,0 +1,129 @@
+"""HYBRID's wide steps: suffix drafts at their own length beside the model's chains.
+
+The host verifies a model draft of ``K`` steps at width ``W_m = K + 1`` (a topk-1 chain)
+or ``--speculative-num-draft-tokens`` (a tree). A suffix draft that wins the choice was
+cut to ``W_m - 1`` nodes, so on repetitive text HYBRID accepted less than SUFFIX alone
+at width 16. A *wide step* verifies the batch at ``W_s`` (up to the suffix width, the
+setting ``hybrid_suffix_width``): the suffix rows at their own length, the model rows
+padded. On a GPU a verify's cost is nearly flat in its tokens until the step leaves
+the memory-bound region; on a CPU it grows at once. So a step goes wide only where it
+pays (:func:`wide_pays`): the expected extra accepted tokens of the longer suffix drafts
+against the step's extra verify tokens, priced by :class:`TokenCost`, a least-squares
+fit ``t = a + b * T`` of the step time over the step's verify tokens ``T = bs * W``,
+learned from the server's own timed decode steps. Engine-agnostic.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Steps the cost fit looks back over.
+WINDOW = 256
+#: Timed steps before the fit replaces the prior.
+MIN_STEPS = 16
+#: Verify tokens at which the prior's extra cost ``cost_prior`` is reached (one request
+#: at width 16: a GPU's memory-bound region, a guess until the fit has data).
+PRIOR_TOKENS = 16
+
+
+@dataclass
+class TokenCost:
+    """Step time ``t(T) = a + b * T`` over the step's verify tokens ``T`` (see the module
+    doc); before the fit, ``a = 1`` and ``b = cost_prior / PRIOR_TOKENS`` (relative units:
+    only ratios of step times are used)."""
+
+    cost_prior: float = 0.1
+    window: int = WINDOW
+    _steps: deque = field(default_factory=deque, repr=False)
+    _fit: tuple[float, float] | None = None
+    _dirty: bool = False
+
+    def on_step(self, tokens: int, seconds: float) -> None:
+        """One decode step that verified ``tokens`` tokens (all requests, padding included)
+        took ``seconds``."""
+        if tokens < 1 or not (seconds > 0 and np.isfinite(seconds)):
+            return
+        self._steps.append((float(tokens), float(seconds)))
+        while len(self._steps) > self.window:
+            self._steps.popleft()
+        self._dirty = True
+
+    def _refit(self) -> None:
+        self._dirty = False
+        if len(self._steps) < MIN_STEPS:
+            return
+        data = np.asarray(self._steps, dtype=np.float64)
+        tokens, t = data[:, 0], data[:, 1]
+        if np.ptp(tokens) <= 0:
+            return  # T never varied: not identifiable, keep what we had
+        a_b, *_ = np.linalg.lstsq(np.stack([np.ones_like(tokens), tokens], 1), t, rcond=None)
+        a, b = float(a_b[0]), max(float(a_b[1]), 0.0)  # b <= 0: flat in T, as measured
+        if not (np.isfinite(a) and np.isfinite(b)) or a + b * tokens.min() <= 0:
+            return
+        self._fit = (max(a, 0.0), b)
+
+    def coefficients(self) -> tuple[float, float]:
+        """``(a, b)``: the fit's seconds, or the prior's relative units."""
+        if self._dirty:
+            self._refit()
+        if self._fit is not None:
+            return self._fit
+        return 1.0, self.cost_prior / PRIOR_TOKENS
+
+    def time(self, tokens: int) -> float:
+        a, b = self.coefficients()
+        return a + b * tokens
+
+    def stats(self) -> dict[str, object]:
+        fit = self._fit
+        return {
+            "wide_cost_fit": None
+            if fit is None
+            else {"a_ms": round(fit[0] * 1e3, 3), "b_ms_per_token": round(fit[1] * 1e3, 5)},
+            "wide_cost_steps": len(self._steps),
+        }
+
+
+def wide_pays(
+    cost: TokenCost,
+    bs: int,
+    narrow_width: int,
+    wide_width: int,
+    committed: float,
+    gain: float,
+) -> bool:
+    """Whether a wide step beats the narrow one in expected tokens per second:
+    ``(committed + gain) / t(bs * wide_width) > committed / t(bs * narrow_width)``.
+
+    ``committed``: the narrow step's expected committed tokens (``bs`` bonus tokens plus
+    the chosen drafts' expected accepted tokens); ``gain``: the expected extra accepted
+    tokens of the suffix drafts at their own length over the same drafts cut to
+    ``narrow_width - 1`` nodes."""
+    if wide_width <= narrow_width or gain <= 0 or bs < 1:
+        return False
+    narrow = cost.time(bs * narrow_width)
+    wide = cost.time(bs * wide_width)
+    return (committed + gain) * narrow > committed * wide
+
+
+@dataclass
+class WideStats:
+    """What the HYBRID stats line reports of wide steps."""
+
+    steps: int = 0  # decode steps with a suffix draft longer than the model's width
+    wide_steps: int = 0  # of which verified wide
+    capped_rows: int = 0  # suffix rows cut to the model's width (the step stayed narrow)
+    wide_rows: int = 0  # suffix rows verified beyond the model's width
+    verify_tokens: int = 0  # tokens through the target in those steps (padding included)
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "wide_candidate_steps": self.steps,
+            "wide_steps": self.wide_steps,
+            "wide_rows": self.wide_rows,
+            "wide_capped_rows": self.capped_rows,
+            "wide_verify_tokens": self.verify_tokens,
+        }

@@ -1,0 +1,110 @@
+"""HYBRID's wide steps, engine-agnostic parts (hybrid/wide.py) and their replay: the step
+cost fit, the goodput test for widening, and a replay where a winning suffix draft keeps
+its own length (accepting what SUFFIX alone at that width accepts on copy-heavy text)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sglang_spec_ext.suffix")
+
+from sglang_spec_ext.hybrid.choice import SUFFIX  # noqa: E402
+from sglang_spec_ext.hybrid.wide import MIN_STEPS, TokenCost, WideStats, wide_pays  # noqa: E402
+from sglang_spec_ext.replay import DrafterOptions, make_drafter, replay  # noqa: E402
+from sglang_spec_ext.replay.hybrid import replay_hybrid  # noqa: E402
+from sglang_spec_ext.replay.trace import ModelDrafts, TraceRecord  # noqa: E402
+
+
+def test_cost_prior_until_the_fit_is_identifiable():
+    cost = TokenCost(cost_prior=0.1)
+    assert cost.coefficients() == (1.0, 0.1 / 16)
+    for _ in range(MIN_STEPS * 2):  # T never varies: not identifiable
+        cost.on_step(32, 0.01)
+    assert cost.coefficients() == (1.0, 0.1 / 16)
+    assert cost.stats()["wide_cost_fit"] is None
+
+
+def test_cost_fit_recovers_a_linear_step_time_and_clips_a_negative_slope():
+    rng = np.random.default_rng(0)
+    cost = TokenCost()
+    for _ in range(200):
+        tokens = int(rng.integers(4, 200))
+        cost.on_step(tokens, 0.02 + 0.0005 * tokens + rng.normal(0, 1e-5))
+    a, b = cost.coefficients()
+    assert a == pytest.approx(0.02, rel=0.02) and b == pytest.approx(0.0005, rel=0.02)
+    assert cost.time(100) == pytest.approx(0.07, rel=0.02)
+    flat = TokenCost()
+    for i in range(40):  # slightly cheaper with more tokens: noise, read as flat
+        flat.on_step(4 + i, 0.03 - 1e-6 * i)
+    assert flat.coefficients()[1] == 0.0
+    bad = TokenCost()
+    for bad_seconds in (0.0, -1.0, float("nan"), float("inf")):
+        bad.on_step(10, bad_seconds)
+    bad.on_step(0, 0.1)
+    assert bad.stats()["wide_cost_steps"] == 0  # nothing recorded
+
+
+def test_wide_pays_is_the_tokens_per_second_comparison():
+    flat = TokenCost()
+    for i in range(MIN_STEPS + 4):
+        flat.on_step(4 + i, 0.01)
+    assert wide_pays(flat, 8, 4, 16, committed=12.0, gain=0.1)  # free extra tokens
+    assert not wide_pays(flat, 8, 4, 16, committed=12.0, gain=0.0)
+    assert not wide_pays(flat, 8, 4, 4, committed=12.0, gain=5.0)  # not wider
+    steep = TokenCost()
+    for tokens in range(4, 200, 4):
+        steep.on_step(tokens, 0.001 + 0.001 * tokens)  # cost ~ proportional to tokens
+    # bs 8: 32 -> 128 tokens costs ~4x; 6 extra tokens on 12 do not pay, 40 do
+    assert not wide_pays(steep, 8, 4, 16, committed=12.0, gain=6.0)
+    assert wide_pays(steep, 8, 4, 16, committed=12.0, gain=40.0)
+    for committed, gain in ((12.0, 6.0), (3.0, 2.0), (1.0, 10.0)):
+        lhs = (committed + gain) / steep.time(8 * 16)
+        assert wide_pays(steep, 8, 4, 16, committed, gain) == (lhs > committed / steep.time(32))
+
+
+def test_wide_stats_names():
+    stats = WideStats(steps=3, wide_steps=2, capped_rows=1, wide_rows=4, verify_tokens=64)
+    assert stats.as_dict() == {
+        "wide_candidate_steps": 3,
+        "wide_steps": 2,
+        "wide_rows": 4,
+        "wide_capped_rows": 1,
+        "wide_verify_tokens": 64,
+    }
+
+
+def _copy_records(n: int, seed: int = 0) -> list[TraceRecord]:
+    """Requests that repeat an earlier answer word for word (the suffix tree has it) beside
+    a model whose 3-token chains are right with modest confidence."""
+    rng = random.Random(seed)
+    answers = [tuple(rng.randrange(1000, 9000) for _ in range(60)) for _ in range(n // 2)]
+    records = []
+    for i in range(n):
+        out = answers[i % len(answers)]
+        chains = [
+            [out[p + j] if p + j < len(out) else 0 for j in range(3)] for p in range(len(out))
+        ]
+        drafts = {"toy": ModelDrafts(k=3, tokens=tuple(map(tuple, chains)),
+                                     probs=tuple((0.6, 0.6, 0.6) for _ in chains))}  # fmt: skip
+        records.append(TraceRecord((1, 2, i), out, "repeat", drafts))
+    return records
+
+
+def test_replay_with_wide_suffix_drafts_reaches_suffix_alone_at_that_width():
+    records = _copy_records(12)
+    narrow = replay_hybrid(records, "learned", steps=3).overall.summary()["accept_len"]
+    res = replay_hybrid(records, "learned", steps=3, suffix_width=16)
+    wide = res.overall.summary()["accept_len"]
+    alone = replay(records, make_drafter("suffix", DrafterOptions(width=16)), 16)
+    alone_len = alone.overall.summary()["accept_len"]
+    assert res.summary()["suffix_width"] == 16 and res.width == 4
+    assert narrow <= 4.0 < wide  # only the wide steps pass the model's width
+    assert wide >= alone_len - 0.05, (wide, alone_len)
+    # the suffix policy at the suffix width is SUFFIX alone at that width, step by step
+    only = replay_hybrid(records, SUFFIX, steps=3, suffix_width=16)
+    assert only.commits == alone.steps
+    with pytest.raises(ValueError, match="width"):
+        replay_hybrid(records, "learned", steps=3, width=1, suffix_width=16)
