@@ -9,8 +9,9 @@ default 16) it keeps up to 15. Two parts, on the committed code-edit and repeat 
 
 * **replay** (exact, offline; ``benchmarks/traces/hybrid/`` carries the weak draft's
   recorded chains, ``benchmarks/model_drafts.py``): HYBRID (learned choice, chain suffix
-  drafts as served at topk 1) at suffix width 4 and 16 beside SUFFIX alone at width 16
-  (tree drafts, the default, and chains). A replay takes every wide step (no step cost);
+  trees as served at topk 1 on the CPU engine; chains, what the GPU backends verify at
+  topk 1, too) at suffix width 4 and 16 beside SUFFIX alone at width 16 (tree drafts, the
+  default, and chains). A replay takes every wide step (no step cost);
 * **served** (SmolLM2-135M on the CPU engine, the server's default mode, one request at a
   time, greedy): plain, SUFFIX at width 16, and HYBRID with the weak STANDALONE draft
   (``build_truncated_draft``: 14 + 8 layers; ``--speculative-num-steps 3 --speculative-
@@ -55,11 +56,12 @@ def replay_part(traces: Path) -> dict:
     for name in SETS:
         recs = read_trace(traces / "hybrid" / f"{name}.jsonl")
         row = {}
-        for width in (STEPS + 1, 16):
+        for width, tree in ((STEPS + 1, True), (16, True), (16, False)):
             res = replay_hybrid(recs, "learned", steps=STEPS, draft_name=DRAFT,
-                                suffix_options=DrafterOptions(width=width, use_tree=False),
+                                suffix_options=DrafterOptions(width=width, use_tree=tree),
                                 suffix_width=width)  # fmt: skip
-            row[f"HYBRID suffix width {width}"] = res.overall.summary()["accept_len"]
+            label = f"HYBRID suffix width {width}" + ("" if tree else " (chains)")
+            row[label] = res.overall.summary()["accept_len"]
         for label, tree in (("SUFFIX w16 (tree)", True), ("SUFFIX w16 (chain)", False)):
             drafter = make_drafter("suffix", DrafterOptions(width=16, use_tree=tree))
             row[label] = replay(recs, drafter, 16).overall.summary()["accept_len"]

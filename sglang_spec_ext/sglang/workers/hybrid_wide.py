@@ -42,12 +42,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from sglang_spec_ext.hybrid.wide import TokenCost, WideStats
+from sglang_spec_ext.hybrid.candidate import MODEL, SUFFIX, Candidate
+from sglang_spec_ext.hybrid.wide import TokenCost, WideStats, wide_pays
+from sglang_spec_ext.sglang.serving.request_options import cap_tree
 from sglang_spec_ext.sglang.verify.rows import write_trees
 from sglang_spec_ext.sglang.verify.tree_mask import FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING
 from sglang_spec_ext.sglang.verify.widths import backend_name, reads_width_from_spec_info
+from sglang_spec_ext.suffix.draft import DraftTree
+from sglang_spec_ext.verify.layout import tree_mask
 
 logger = logging.getLogger("sglang_spec_ext")
+
+#: Target attention backends whose verify applies the tree mask whenever the verify input's
+#: ``tree_topk`` is not 1: the CPU engine's torch_native (cpu/fallbacks/verify_attention.py).
+#: The host's GPU backends choose their chain kernels from the start-up topk, so under
+#: ``--speculative-eagle-topk 1`` their suffix rows stay chains.
+TREE_ROWS_BACKENDS = ("TorchNativeAttnBackend",)
+#: The topk a step with suffix trees verifies under at start-up topk 1 (any value > 1: the
+#: tree mask applies and the accepted path is moved to the front of each request's rows).
+TREE_TOPK = 2
 
 
 def wide_problem(worker: Any, suffix_width: int, model_width: int) -> str | None:
@@ -57,8 +70,10 @@ def wide_problem(worker: Any, suffix_width: int, model_width: int) -> str | None
             f"SGLANG_SPEC_EXT_HYBRID_SUFFIX_WIDTH={suffix_width} is at or below the model's "
             f"verify width {model_width}"
         )
-    backend = getattr(getattr(worker.target_worker, "model_runner", None), "attn_backend", None)
-    if backend is not None and not reads_width_from_spec_info(backend):
+    backend = _target_backend(worker)
+    if backend is None:
+        return "the target's attention backend is not known when the worker starts"
+    if not reads_width_from_spec_info(backend):
         return (
             f"the target's {backend_name(backend)} sizes its verify metadata at start-up "
             "(use --attention-backend triton or flashinfer)"
@@ -70,6 +85,21 @@ def wide_problem(worker: Any, suffix_width: int, model_width: int) -> str | None
     if getattr(get_parallel(), "pp_size", 1) > 1:
         return "pipeline parallelism relays the model's chains between stages"
     return None
+
+
+def _target_backend(worker: Any) -> Any:
+    return getattr(getattr(worker.target_worker, "model_runner", None), "attn_backend", None)
+
+
+def tree_rows_problem(worker: Any) -> str | None:
+    """Why ``worker`` at ``--speculative-eagle-topk 1`` cannot verify suffix trees (None: it
+    can, or its topk is > 1 and the host verifies trees anyway)."""
+    if int(worker.topk) > 1:
+        return None
+    name = type(_target_backend(worker)).__name__
+    if name in TREE_ROWS_BACKENDS:
+        return None
+    return f"the target's {name} verifies chains at --speculative-eagle-topk 1"
 
 
 def _new_mask(mode: int, bs: int, width: int, seq_lens_cpu: Any, device: Any) -> torch.Tensor:
@@ -128,6 +158,25 @@ def build_wide_input(
     return wide
 
 
+class PackedRows:
+    """One step's rows, packed ``width`` wide: tokens (root first), ancestor masks, node
+    counts, and which rows hold the suffix draft."""
+
+    def __init__(self, bs: int, width: int) -> None:
+        self.width = width
+        self.flags = np.zeros(bs, dtype=np.int64)
+        self.lens = np.zeros(bs, dtype=np.int64)
+        self.tokens = np.zeros((bs, width), dtype=np.int64)
+        self.masks = np.zeros((bs, width, width), dtype=bool)
+
+    def write(self, b: int, tokens: Any, parents: Any) -> None:
+        n = len(tokens)
+        self.tokens[b, 1:] = 0
+        self.tokens[b, 1 : 1 + n] = tokens
+        self.masks[b] = tree_mask(parents, self.width)
+        self.lens[b] = n
+
+
 class WideStepsMixin:
     """Wide steps for :class:`~.hybrid_worker.HybridMixin` (see the module doc)."""
 
@@ -136,6 +185,8 @@ class WideStepsMixin:
     def _init_wide(self, suffix_width: int, cost_prior: float) -> None:
         self._wide_width = suffix_width  # 0 once wide steps turn out impossible
         self._wide_resolved = False
+        self._suffix_trees = int(self.topk) > 1  # suffix drafts as trees (_resolve_wide)
+        self._tree_step = False  # this step verifies suffix trees at start-up topk 1
         self._wide_cost = TokenCost(cost_prior)
         self._wide_stats = WideStats()
         self._narrowed: tuple[int, int] | None = None  # the widths a wide step replaced
@@ -147,7 +198,8 @@ class WideStepsMixin:
         return max(int(self.speculative_num_draft_tokens), self._wide_width)
 
     def _resolve_wide(self) -> None:
-        """At the first decode step (the backends exist): one line, wide steps or why not."""
+        """At start-up, once the host built the attention backends (or at the first decode
+        step): wide steps or why not, suffix trees at topk 1 or why not, one line each."""
         if self._wide_resolved:
             return
         self._wide_resolved = True
@@ -157,10 +209,34 @@ class WideStepsMixin:
             self._wide_width = 0
             logger.info("HYBRID: suffix drafts cut to the model's verify width %d: %s", model,
                         problem)  # fmt: skip
-            return
-        logger.info("HYBRID: a winning suffix draft keeps up to %d tokens (wide steps verify "
-                    "at up to width %d where the extra tokens pay; eager verify and draft "
-                    "extend there)", self._wide_width - 1, self._wide_width)  # fmt: skip
+        else:
+            logger.info("HYBRID: a winning suffix draft keeps up to %d tokens (wide steps verify "
+                        "at up to width %d where the extra tokens pay; eager verify and draft "
+                        "extend there)", self._wide_width - 1, self._wide_width)  # fmt: skip
+        if not self._suffix_trees:
+            problem = tree_rows_problem(self)
+            if problem is None:  # before the first decode step: no session to carry over
+                self._suffix_trees = True
+                self._suffix = self._suffix_drafter()
+            logger.info("HYBRID: suffix drafts are %s at --speculative-eagle-topk 1%s",
+                        "trees" if problem is None else "chains",
+                        "" if problem is None else f": {problem}")  # fmt: skip
+
+    def init_attention_backends(self) -> None:
+        super().init_attention_backends()  # type: ignore[misc]
+        self._resolve_wide()
+
+    def _mark_tree_step(self, vi: Any, rows: list[int]) -> None:
+        """A step with suffix rows at start-up topk 1 where they are trees: the verify input
+        says so (the tree mask applies) and the verify moves the accepted path to the front
+        (:meth:`verify_topk`)."""
+        self._tree_step = bool(rows) and self._suffix_trees and int(self.topk) == 1
+        if self._tree_step:
+            vi.topk = TREE_TOPK
+
+    def verify_topk(self) -> int:
+        """The topk this step's verify runs under (see :meth:`_mark_tree_step`)."""
+        return TREE_TOPK if self._tree_step else int(self.topk)
 
     def _time_step(self, batch: Any) -> None:
         """The previous decode step's wall time (to this step's start, same batch size)."""
@@ -191,6 +267,7 @@ class WideStepsMixin:
 
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
+        self._tree_step = False
         if decode:
             self._time_step(batch)
             self._step_width = int(self.speculative_num_draft_tokens)
@@ -203,6 +280,53 @@ class WideStepsMixin:
             self._narrow_back()
             if decode and not batch.forward_mode.is_idle() and batch.reqs:
                 self._timed = (len(batch.reqs), start, len(batch.reqs) * self._step_width)
+
+    def _fit_width(
+        self, packed: PackedRows, trees: list[DraftTree | None], models: list[Candidate | None]
+    ) -> None:
+        """Where a winning suffix draft is longer than the model's width: keep it whole
+        (a wide step) where the expected extra accepted tokens pay for the step's extra
+        verify tokens (``hybrid/wide.py``), else cut it to the model's width (and take the
+        model's draft where that is now the better)."""
+        width = self._width
+        long = [b for b in range(len(trees)) if packed.flags[b] and packed.lens[b] > width - 1]
+        if not long:
+            return
+        est = self.hybrid.estimator
+        bs = len(trees)
+        committed, gain, cut = float(bs), 0.0, {}
+        for b in range(bs):
+            model = models[b]
+            e_model = est.expected(MODEL, model.score) if model and model.tokens else 0.0
+            tree = trees[b]
+            if not packed.flags[b]:
+                committed += e_model
+            elif b not in long:
+                committed += est.expected(SUFFIX, tree.score)
+            else:
+                cut[b] = capped = cap_tree(tree, width - 1)
+                narrow = max(est.expected(SUFFIX, capped.score), e_model)
+                committed += narrow
+                gain += max(0.0, est.expected(SUFFIX, tree.score) - narrow)
+        stats = self._wide_stats
+        stats.steps += 1
+        wide = 1 + int(packed.lens[long].max())
+        if wide_pays(self._wide_cost, bs, width, wide, committed, gain):
+            stats.wide_steps += 1
+            stats.wide_rows += len(long)
+            return
+        stats.capped_rows += len(long)
+        for b, capped in cut.items():
+            model = models[b]
+            if (
+                model is not None
+                and model.tokens
+                and est.expected(MODEL, model.score) > est.expected(SUFFIX, capped.score)
+            ):
+                packed.flags[b] = 0
+                packed.write(b, model.tokens, model.parents)
+            else:
+                packed.write(b, capped.tokens, capped.parents)
 
     def wide_stats(self) -> dict[str, Any]:
         return {"suffix_width": self._wide_width, **self._wide_stats.as_dict(),

@@ -55,7 +55,6 @@ import torch
 
 from sglang_spec_ext.hybrid.candidate import MODEL, SUFFIX, Candidate
 from sglang_spec_ext.hybrid.choice import HybridState, chain_score
-from sglang_spec_ext.hybrid.wide import wide_pays
 from sglang_spec_ext.sglang.serving import metrics as spec_metrics
 from sglang_spec_ext.sglang.serving.request_options import cap_tree, max_draft_tokens
 from sglang_spec_ext.sglang.serving.server_args import plugin_config
@@ -64,11 +63,10 @@ from sglang_spec_ext.sglang.workers.hybrid_commits import CommitLog, StepRows, r
 from sglang_spec_ext.sglang.workers.hybrid_confidence import FirstTokenProbs, ensure_tap
 from sglang_spec_ext.sglang.workers.hybrid_draft import suffix_candidate, suffix_wins_everywhere
 from sglang_spec_ext.sglang.workers.hybrid_draft_hooks import hook_draft_worker
-from sglang_spec_ext.sglang.workers.hybrid_wide import WideStepsMixin
+from sglang_spec_ext.sglang.workers.hybrid_wide import PackedRows, WideStepsMixin
 from sglang_spec_ext.sglang.workers.suffix_grammar import served_tokenizer_path
 from sglang_spec_ext.sglang.workers.tp_sync import tp_sync
 from sglang_spec_ext.suffix.draft import DraftTree
-from sglang_spec_ext.verify.layout import tree_mask
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -77,25 +75,6 @@ STATS_LOG_MARK = "sglang-spec-ext hybrid stats: "
 #: Per-request records (first-token probabilities, committed tails) beyond which those
 #: of requests absent from the decode batch are dropped (prefilled, never decoded).
 REQUEST_STATE_BOUND = 4096
-
-
-class _Rows:
-    """One step's rows, packed ``width`` wide: tokens (root first), ancestor masks, node
-    counts, and which rows hold the suffix draft."""
-
-    def __init__(self, bs: int, width: int) -> None:
-        self.width = width
-        self.flags = np.zeros(bs, dtype=np.int64)
-        self.lens = np.zeros(bs, dtype=np.int64)
-        self.tokens = np.zeros((bs, width), dtype=np.int64)
-        self.masks = np.zeros((bs, width, width), dtype=bool)
-
-    def write(self, b: int, tokens: Any, parents: Any) -> None:
-        n = len(tokens)
-        self.tokens[b, 1:] = 0
-        self.tokens[b, 1 : 1 + n] = tokens
-        self.masks[b] = tree_mask(parents, self.width)
-        self.lens[b] = n
 
 
 class HybridMixin(WideStepsMixin):
@@ -107,21 +86,17 @@ class HybridMixin(WideStepsMixin):
         return int(self.speculative_num_draft_tokens)
 
     def _init_hybrid(self) -> None:
-        from sglang_spec_ext.sglang.workers.suffix_worker import SuffixWorker
-
         config = plugin_config()
         self.hybrid = HybridState(config.hybrid_policy)
-        self._suffix = SuffixWorker.drafting_only(
-            use_tree=self.topk > 1,
-            tokenizer_path=served_tokenizer_path(getattr(self, "server_args", None)),
-        )
+        # wide steps and suffix trees at topk 1: what the target's attention backend allows,
+        # known once the host built it (hybrid_wide.py: init_attention_backends)
+        self._init_wide(int(config.hybrid_suffix_width), float(config.draft_gate_cost))
+        self._suffix = self._suffix_drafter()
         # the first draft token's confidence, from the draft extend (hybrid_confidence.py)
         self._first = FirstTokenProbs()
         self._choice: list[str] = []
         self._starts: list[int] | None = None  # each request's committed count at the choice
         self._rids: set[str] = set()
-        # wide steps: suffix drafts at their own length (hybrid_wide.py)
-        self._init_wide(int(config.hybrid_suffix_width), float(config.draft_gate_cost))
         # what each request committed, from this worker's own outputs (hybrid_commits.py)
         self._commits = CommitLog(keep=4 * self._pack_width() + 8)
         self._hybrid_faults = 0
@@ -146,6 +121,15 @@ class HybridMixin(WideStepsMixin):
             self.speculative_num_steps,
             config.hybrid_policy,
             self._suffix.drafter.backend,
+        )
+
+    def _suffix_drafter(self) -> Any:
+        """The suffix drafter and its sessions (trees or chains: ``_suffix_trees``)."""
+        from sglang_spec_ext.sglang.workers.suffix_worker import SuffixWorker
+
+        return SuffixWorker.drafting_only(
+            use_tree=self._suffix_trees,
+            tokenizer_path=served_tokenizer_path(getattr(self, "server_args", None)),
         )
 
     # -- what each request committed -----------------------------------------------------
@@ -179,7 +163,7 @@ class HybridMixin(WideStepsMixin):
         copy), each request's suffix session brought up to date, and its suffix draft;
         with each request's committed-token count."""
         self._starts = None
-        self._resolve_wide()
+        self._resolve_wide()  # where the host did not call init_attention_backends first
         self._read_host([])
         self._close_departed(batch)
         slots = self._pack_width() - 1
@@ -250,6 +234,7 @@ class HybridMixin(WideStepsMixin):
             elif rows:
                 self._splice(batch, verify_input, rows, tokens[:, :width],
                              masks[:, :width, :width])  # fmt: skip
+            self._mark_tree_step(verify_input, rows)
             self._choice = [SUFFIX if flags[b] else MODEL for b in range(bs)]
         except Exception as exc:  # keep the model's drafts: verify stays exact
             self._hybrid_fault(exc)
@@ -298,7 +283,7 @@ class HybridMixin(WideStepsMixin):
         host = self._read_host(views if rows is None else [*views, rows])
         host_tokens, next_tok, next_sib = (a.tolist() for a in host[:3])
         step_probs = host[3] if rows is not None else np.zeros((bs, 0))
-        packed = _Rows(bs, self._pack_width())
+        packed = PackedRows(bs, self._pack_width())
         trees: list[DraftTree | None] = [None] * bs
         models: list[Candidate | None] = [None] * bs
         for b, req in enumerate(batch.reqs):
@@ -328,7 +313,7 @@ class HybridMixin(WideStepsMixin):
         """Every request's suffix draft (the model did not draft); no host read."""
         bs = len(batch.reqs)
         self._skipped_steps += 1
-        packed = _Rows(bs, self._pack_width())  # the root stays the host's
+        packed = PackedRows(bs, self._pack_width())  # the root stays the host's
         for b, req in enumerate(batch.reqs):
             tree = drafts[b]
             self.hybrid.take_suffix(req.rid, committed[b], suffix_candidate(tree))
@@ -336,53 +321,6 @@ class HybridMixin(WideStepsMixin):
         packed.flags[:] = 1
         self._fit_width(packed, list(drafts), [None] * bs)
         return packed.flags, packed.tokens, packed.masks, packed.lens
-
-    def _fit_width(
-        self, packed: _Rows, trees: list[DraftTree | None], models: list[Candidate | None]
-    ) -> None:
-        """Where a winning suffix draft is longer than the model's width: keep it whole
-        (a wide step) where the expected extra accepted tokens pay for the step's extra
-        verify tokens (``hybrid/wide.py``), else cut it to the model's width (and take the
-        model's draft where that is now the better)."""
-        width = self._width
-        long = [b for b in range(len(trees)) if packed.flags[b] and packed.lens[b] > width - 1]
-        if not long:
-            return
-        est = self.hybrid.estimator
-        bs = len(trees)
-        committed, gain, cut = float(bs), 0.0, {}
-        for b in range(bs):
-            model = models[b]
-            e_model = est.expected(MODEL, model.score) if model and model.tokens else 0.0
-            tree = trees[b]
-            if not packed.flags[b]:
-                committed += e_model
-            elif b not in long:
-                committed += est.expected(SUFFIX, tree.score)
-            else:
-                cut[b] = capped = cap_tree(tree, width - 1)
-                narrow = max(est.expected(SUFFIX, capped.score), e_model)
-                committed += narrow
-                gain += max(0.0, est.expected(SUFFIX, tree.score) - narrow)
-        stats = self._wide_stats
-        stats.steps += 1
-        wide = 1 + int(packed.lens[long].max())
-        if wide_pays(self._wide_cost, bs, width, wide, committed, gain):
-            stats.wide_steps += 1
-            stats.wide_rows += len(long)
-            return
-        stats.capped_rows += len(long)
-        for b, capped in cut.items():
-            model = models[b]
-            if (
-                model is not None
-                and model.tokens
-                and est.expected(MODEL, model.score) > est.expected(SUFFIX, capped.score)
-            ):
-                packed.flags[b] = 0
-                packed.write(b, model.tokens, model.parents)
-            else:
-                packed.write(b, capped.tokens, capped.parents)
 
     def _tp_share(
         self, flags: np.ndarray, tokens: np.ndarray, masks: np.ndarray, lens: np.ndarray
@@ -409,9 +347,13 @@ class HybridMixin(WideStepsMixin):
 
     # -- verify bookkeeping ----------------------------------------------------------
     def verify(self, batch: Any, pp_proxy_tensors: Any = None, grammar_barrier: Any = None) -> Any:
-        out = super().verify(  # type: ignore[misc]
-            batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier
-        )
+        topk, self.topk = self.topk, self.verify_topk()  # suffix trees at topk 1: compacted
+        try:
+            out = super().verify(  # type: ignore[misc]
+                batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier
+            )
+        finally:
+            self.topk, self._tree_step = topk, False
         choice, self._choice = self._choice, []
         starts, self._starts = self._starts, None
         reqs = batch.reqs
