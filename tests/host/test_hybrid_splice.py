@@ -114,3 +114,60 @@ def test_model_tree_reads_any_tree_back_from_its_links():
         tokens = list(range(100, 101 + n))
         got_tokens, got_parents = read_tree(tokens, nt.tolist(), ns.tolist())
         assert list(got_parents) == parents and list(got_tokens) == tokens[1:]
+
+
+@pytest.mark.parametrize("mode", [ops.FULL_MASK, ops.QLEN_ONLY, ops.QLEN_ONLY_BITPACKING])
+def test_wide_input_holds_every_row_at_the_wider_width(mode):
+    """HYBRID's wide step (sglang/workers/hybrid_wide.py): the model's width-5 verify input
+    rebuilt at width 9 from the rows the choice packed (request 0: its model tree as the
+    host built it; request 1: a 7-node suffix chain). Each row's reachable tree, root, mask
+    (prefix columns included), positions and links are those of its tree at width 9."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    from sglang_spec_ext.sglang.workers.hybrid_wide import build_wide_input
+
+    bs, n, wide = 2, 5, 9
+    host, seq_lens = _host_tree_batch(bs, 2, 3, n, ops.QLEN_ONLY, seed=11)
+    vi = SimpleNamespace(**host.__dict__, retrieve_cum_len=None, topk=2,
+                         capture_hidden_mode=CaptureHiddenMode.FULL, seq_lens_sum=None,
+                         seq_lens_cpu=seq_lens.clone())  # fmt: skip
+    batch = SimpleNamespace(seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone())
+    rows = []
+    m_tokens, m_parents = read_tree(host.draft_token.view(bs, n)[0].tolist(),
+                                    host.retrieve_next_token[0].tolist(),
+                                    host.retrieve_next_sibling[0].tolist())  # fmt: skip
+    rows.append((list(m_tokens), list(m_parents)))
+    rows.append(([21, 22, 23, 24, 25, 26, 27], [-1, 0, 1, 2, 3, 4, 5]))
+    tokens = np.zeros((bs, wide), dtype=np.int64)
+    masks = np.zeros((bs, wide, wide), dtype=bool)
+    for b, (toks, pars) in enumerate(rows):
+        tokens[b, 1 : 1 + len(toks)] = toks
+        masks[b] = tree_mask(pars, wide)
+    out = build_wide_input(vi, batch, tokens, masks, mode)
+    assert isinstance(out, EagleVerifyInput) and out.draft_token_num == wide
+    assert out.spec_steps >= 6 and out.topk == 2
+    roots = host.draft_token.view(bs, n)[:, 0]
+    assert torch.equal(out.draft_token.view(bs, wide)[:, 0], roots)
+    for b, (toks, pars) in enumerate(rows):
+        got = read_tree(out.draft_token.view(bs, wide)[b].tolist(),
+                        out.retrieve_next_token[b].tolist(),
+                        out.retrieve_next_sibling[b].tolist())  # fmt: skip
+        # the tree, then the token-0 padding chained below its last node
+        assert list(got[0][: len(toks)]) == toks and set(got[0][len(toks) :]) <= {0}
+        assert list(got[1][: len(pars)]) == pars
+        anc = tree_mask(pars, wide)
+        depth = anc.sum(-1) - 1
+        assert out.positions.view(bs, wide)[b].tolist() == (int(seq_lens[b]) + depth).tolist()
+        if mode == ops.QLEN_ONLY:
+            assert np.array_equal(out.custom_mask.view(bs, wide, wide)[b].numpy(), anc)
+        elif mode == ops.FULL_MASK:
+            start = wide * int(seq_lens[:b].sum()) + b * wide * wide
+            own = int(seq_lens[b])
+            rows_b = out.custom_mask[start : start + wide * (own + wide)].view(wide, own + wide)
+            assert bool(rows_b[:, :own].all())  # every draft token sees the whole prefix
+            assert np.array_equal(rows_b[:, own:].numpy(), anc)
+        else:
+            bits = out.custom_mask.view(bs, wide)[b].to(torch.int64)
+            unpacked = (bits[:, None] >> torch.arange(wide)) & 1
+            assert np.array_equal(unpacked.bool().numpy(), anc)

@@ -12,7 +12,8 @@ partner skipped fails the test with an error instead of hanging it. Covered:
   worker: the real EAGLE worker builds its states from GPU model runners), each rank
   with its own clock: without TP the ranks choose different step counts, with it both
   run the first rank's;
-* HYBRID's choice and suffix rows when one rank's suffix drafting raises;
+* HYBRID's choice and suffix rows when one rank's suffix drafting raises, and a wide
+  step's width and rows (hybrid_wide.py);
 * SUFFIX drafts when the first rank's drafting raises (every rank plain-decodes the step),
   and whether a step has no draft at all (a plain decode step), the draft gate's
   verify-or-plain call included: the first rank's call;
@@ -137,49 +138,75 @@ def test_model_draft_controller_runs_the_first_ranks_step_counts(tmp_path):
 
 
 # -- HYBRID: a suffix-drafting fault on one rank ---------------------------------------
-def _hybrid_rank(rank: int, group) -> dict:
+def _hybrid_rank(rank: int, group, wide: bool = False) -> dict:
     import numpy as np
 
     from sglang_spec_ext.hybrid.choice import HybridState
     from sglang_spec_ext.sglang.workers.hybrid_worker import HybridMixin
     from sglang_spec_ext.sglang.workers.tp_sync import TpSync
 
-    bs, width = 2, 4
+    bs, width, pack = 2, 4, 16
     spliced: list = []
 
     class Worker(HybridMixin):
         speculative_num_draft_tokens = width
+        topk = 1
 
         def _decide(self, batch, verify_input, drafts, committed):
             if rank == 1:
                 raise IndexError("injected: rank 1's suffix drafter fails")
-            tokens = np.arange(bs * width, dtype=np.int64).reshape(bs, width) + 100
-            masks = np.ones((bs, width, width), dtype=bool)
-            return np.array([1, 0]), tokens, masks
+            tokens = np.arange(bs * pack, dtype=np.int64).reshape(bs, pack) + 100
+            masks = np.ones((bs, pack, pack), dtype=bool)
+            # request 0's suffix draft: 9 nodes in a wide step, else 3 (the model's width)
+            lens = np.array([9 if wide else width - 1, width - 1])
+            return np.array([1, 0]), tokens, masks, lens
 
         def _splice(self, batch, vi, rows, tokens, masks):
-            spliced.append([rows, tokens[rows].tolist()])
+            spliced.append(["narrow", rows, tokens[rows].tolist(), list(masks.shape)])
+
+        def _widen(self, batch, vi, tokens, masks):
+            spliced.append(["wide", tokens.tolist(), list(masks.shape)])
+            return vi
 
         def _maybe_log_stats(self):
             return None
 
     w = object.__new__(Worker)
+    w._init_wide(pack, 0.1)
+    w._wide_resolved = True
     w.hybrid = HybridState("learned")
     w._suffix = SimpleNamespace(_maybe_log_stats=lambda: None)
     w._rids, w._choice, w._hybrid_faults = set(), [], 0
     w._tp = TpSync(group, src=0)
     batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")])
-    choices = []
+    choices, steps = [], []
     for _ in range(3):
-        w._choose_and_splice(batch, None, ([None, None], [0, 0]))
+        w._choose_and_splice(batch, SimpleNamespace(topk=1), ([None, None], [0, 0]))
         choices.append(list(w._choice))
-    return {"spliced": spliced, "choices": choices, "faults": w._hybrid_faults}
+        steps.append(w._step_width)
+    return {"spliced": spliced, "choices": choices, "faults": w._hybrid_faults, "steps": steps}
+
+
+def _hybrid_wide_rank(rank: int, group) -> dict:
+    return _hybrid_rank(rank, group, wide=True)
 
 
 def test_hybrid_fault_on_one_rank_keeps_the_broadcast_and_the_first_ranks_rows(tmp_path):
     r0, r1 = _run_two_ranks(_hybrid_rank, tmp_path)
     assert (r0["faults"], r1["faults"]) == (0, 3)
     assert r0["spliced"] == r1["spliced"] and len(r0["spliced"]) == 3
+    assert all(s[0] == "narrow" and s[3] == [2, 4, 4] for s in r0["spliced"])
+    assert r0["choices"] == r1["choices"] == [["suffix", "model"]] * 3
+
+
+def test_hybrid_wide_step_width_and_rows_are_the_first_ranks(tmp_path):
+    """Rank 0 goes wide (a 9-node suffix draft: width 10); rank 1, whose drafting failed,
+    widens to the same width with rank 0's rows (each row, the model's too)."""
+    r0, r1 = _run_two_ranks(_hybrid_wide_rank, tmp_path)
+    assert (r0["faults"], r1["faults"]) == (0, 3)
+    assert r0["spliced"] == r1["spliced"] and len(r0["spliced"]) == 3
+    assert all(s[0] == "wide" and s[2] == [2, 10, 10] for s in r0["spliced"])
+    assert r0["steps"] == r1["steps"] == [10, 10, 10]
     assert r0["choices"] == r1["choices"] == [["suffix", "model"]] * 3
 
 
