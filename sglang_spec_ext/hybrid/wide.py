@@ -9,8 +9,8 @@ padded. On a GPU a verify's cost is nearly flat in its tokens until the step lea
 the memory-bound region; on a CPU it grows at once. So a step goes wide only where it
 pays (:func:`wide_pays`): the expected extra accepted tokens of the longer suffix drafts
 against the step's extra verify tokens, priced by :class:`TokenCost`, a least-squares
-fit ``t = a + b * T`` of the step time over the step's verify tokens ``T = bs * W``,
-learned from the server's own timed decode steps. Engine-agnostic.
+fit ``t = a + c * bs + b * T`` of the step time over the batch size and the step's
+verify tokens ``T = bs * W``, learned from the server's own timed decode steps. Engine-agnostic.
 """
 
 from __future__ import annotations
@@ -31,22 +31,27 @@ PRIOR_TOKENS = 16
 
 @dataclass
 class TokenCost:
-    """Step time ``t(T) = a + b * T`` over the step's verify tokens ``T`` (see the module
-    doc); before the fit, ``a = 1`` and ``b = cost_prior / PRIOR_TOKENS`` (relative units:
-    only ratios of step times are used)."""
+    """Step time ``t(bs, T) = a + c * bs + b * T`` over the batch size and the step's
+    verify tokens ``T`` (see the module doc): ``c`` takes what grows with the requests
+    (the model's draft forwards, the scheduler), ``b`` what grows with the verified
+    tokens (the target's verify, the draft extend over them). Least squares over the
+    last :data:`WINDOW` timed decode steps once they are :data:`MIN_STEPS` and ``T``
+    varied (``c`` too once ``bs`` varied apart from ``T``); before that ``a = 1``,
+    ``c = 0`` and ``b = cost_prior / PRIOR_TOKENS`` (relative units: only ratios of step
+    times are used)."""
 
     cost_prior: float = 0.1
     window: int = WINDOW
     _steps: deque = field(default_factory=deque, repr=False)
-    _fit: tuple[float, float] | None = None
+    _fit: tuple[float, float, float] | None = None  # (a, c, b)
     _dirty: bool = False
 
-    def on_step(self, tokens: int, seconds: float) -> None:
-        """One decode step that verified ``tokens`` tokens (all requests, padding included)
-        took ``seconds``."""
-        if tokens < 1 or not (seconds > 0 and np.isfinite(seconds)):
+    def on_step(self, bs: int, tokens: int, seconds: float) -> None:
+        """One decode step of ``bs`` requests that verified ``tokens`` tokens (padding
+        included) took ``seconds``."""
+        if bs < 1 or tokens < 1 or not (seconds > 0 and np.isfinite(seconds)):
             return
-        self._steps.append((float(tokens), float(seconds)))
+        self._steps.append((float(bs), float(tokens), float(seconds)))
         while len(self._steps) > self.window:
             self._steps.popleft()
         self._dirty = True
@@ -56,33 +61,46 @@ class TokenCost:
         if len(self._steps) < MIN_STEPS:
             return
         data = np.asarray(self._steps, dtype=np.float64)
-        tokens, t = data[:, 0], data[:, 1]
+        bs, tokens, t = data[:, 0], data[:, 1], data[:, 2]
         if np.ptp(tokens) <= 0:
             return  # T never varied: not identifiable, keep what we had
-        a_b, *_ = np.linalg.lstsq(np.stack([np.ones_like(tokens), tokens], 1), t, rcond=None)
-        a, b = float(a_b[0]), max(float(a_b[1]), 0.0)  # b <= 0: flat in T, as measured
-        if not (np.isfinite(a) and np.isfinite(b)) or a + b * tokens.min() <= 0:
+        ones = np.ones_like(tokens)
+        full = np.stack([ones, bs, tokens], 1)
+        fit = None
+        if np.linalg.matrix_rank(full) == 3:
+            a, c, b = np.linalg.lstsq(full, t, rcond=None)[0]
+            if c >= 0:
+                fit = (float(a), float(c), max(float(b), 0.0))
+        if fit is None:  # bs moved with T only (one width), or a negative per-request cost
+            a, b = np.linalg.lstsq(full[:, [0, 2]], t, rcond=None)[0]
+            fit = (float(a), 0.0, max(float(b), 0.0))  # b <= 0: flat in T, as measured
+        a, c, b = fit
+        if not np.isfinite(fit).all() or a + c * bs.min() + b * tokens.min() <= 0:
             return
-        self._fit = (max(a, 0.0), b)
+        self._fit = (max(a, 0.0), c, b)
 
-    def coefficients(self) -> tuple[float, float]:
-        """``(a, b)``: the fit's seconds, or the prior's relative units."""
+    def coefficients(self) -> tuple[float, float, float]:
+        """``(a, c, b)``: the fit's seconds, or the prior's relative units."""
         if self._dirty:
             self._refit()
         if self._fit is not None:
             return self._fit
-        return 1.0, self.cost_prior / PRIOR_TOKENS
+        return 1.0, 0.0, self.cost_prior / PRIOR_TOKENS
 
-    def time(self, tokens: int) -> float:
-        a, b = self.coefficients()
-        return a + b * tokens
+    def time(self, bs: int, tokens: int) -> float:
+        a, c, b = self.coefficients()
+        return a + c * bs + b * tokens
 
     def stats(self) -> dict[str, object]:
         fit = self._fit
         return {
             "wide_cost_fit": None
             if fit is None
-            else {"a_ms": round(fit[0] * 1e3, 3), "b_ms_per_token": round(fit[1] * 1e3, 5)},
+            else {
+                "a_ms": round(fit[0] * 1e3, 3),
+                "c_ms_per_request": round(fit[1] * 1e3, 4),
+                "b_ms_per_token": round(fit[2] * 1e3, 5),
+            },  # fmt: skip
             "wide_cost_steps": len(self._steps),
         }
 
@@ -96,7 +114,7 @@ def wide_pays(
     gain: float,
 ) -> bool:
     """Whether a wide step beats the narrow one in expected tokens per second:
-    ``(committed + gain) / t(bs * wide_width) > committed / t(bs * narrow_width)``.
+    ``(committed + gain) / t(bs, bs * wide_width) > committed / t(bs, bs * narrow_width)``.
 
     ``committed``: the narrow step's expected committed tokens (``bs`` bonus tokens plus
     the chosen drafts' expected accepted tokens); ``gain``: the expected extra accepted
@@ -104,8 +122,8 @@ def wide_pays(
     ``narrow_width - 1`` nodes."""
     if wide_width <= narrow_width or gain <= 0 or bs < 1:
         return False
-    narrow = cost.time(bs * narrow_width)
-    wide = cost.time(bs * wide_width)
+    narrow = cost.time(bs, bs * narrow_width)
+    wide = cost.time(bs, bs * wide_width)
     return (committed + gain) * narrow > committed * wide
 
 

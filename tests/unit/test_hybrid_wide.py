@@ -20,10 +20,10 @@ from sglang_spec_ext.replay.trace import ModelDrafts, TraceRecord  # noqa: E402
 
 def test_cost_prior_until_the_fit_is_identifiable():
     cost = TokenCost(cost_prior=0.1)
-    assert cost.coefficients() == (1.0, 0.1 / 16)
+    assert cost.coefficients() == (1.0, 0.0, 0.1 / 16)
     for _ in range(MIN_STEPS * 2):  # T never varies: not identifiable
-        cost.on_step(32, 0.01)
-    assert cost.coefficients() == (1.0, 0.1 / 16)
+        cost.on_step(8, 32, 0.01)
+    assert cost.coefficients() == (1.0, 0.0, 0.1 / 16)
     assert cost.stats()["wide_cost_fit"] is None
 
 
@@ -32,37 +32,61 @@ def test_cost_fit_recovers_a_linear_step_time_and_clips_a_negative_slope():
     cost = TokenCost()
     for _ in range(200):
         tokens = int(rng.integers(4, 200))
-        cost.on_step(tokens, 0.02 + 0.0005 * tokens + rng.normal(0, 1e-5))
-    a, b = cost.coefficients()
+        cost.on_step(1, tokens, 0.02 + 0.0005 * tokens + rng.normal(0, 1e-5))
+    a, c, b = cost.coefficients()
     assert a == pytest.approx(0.02, rel=0.02) and b == pytest.approx(0.0005, rel=0.02)
-    assert cost.time(100) == pytest.approx(0.07, rel=0.02)
+    assert c == 0.0  # one batch size: no per-request term
+    assert cost.time(1, 100) == pytest.approx(0.07, rel=0.02)
     flat = TokenCost()
     for i in range(40):  # slightly cheaper with more tokens: noise, read as flat
-        flat.on_step(4 + i, 0.03 - 1e-6 * i)
-    assert flat.coefficients()[1] == 0.0
+        flat.on_step(1, 4 + i, 0.03 - 1e-6 * i)
+    assert flat.coefficients()[2] == 0.0
     bad = TokenCost()
     for bad_seconds in (0.0, -1.0, float("nan"), float("inf")):
-        bad.on_step(10, bad_seconds)
-    bad.on_step(0, 0.1)
+        bad.on_step(1, 10, bad_seconds)
+    bad.on_step(1, 0, 0.1)
+    bad.on_step(0, 10, 0.1)
     assert bad.stats()["wide_cost_steps"] == 0  # nothing recorded
+
+
+def test_cost_fit_separates_what_grows_with_requests_from_what_grows_with_tokens():
+    """Narrow steps alone (T = 4 bs) cannot tell a per-request cost from a per-token one;
+    with wide steps at the same batch sizes the fit can, and a 16-wide step is priced by
+    its tokens only."""
+    rng = np.random.default_rng(1)
+    cost = TokenCost()
+    for _ in range(300):
+        bs = int(rng.integers(1, 9))
+        width = 16 if rng.random() < 0.3 else 4
+        seconds = 0.05 + 0.03 * bs + 0.001 * bs * width  # drafts per request dominate
+        cost.on_step(bs, bs * width, seconds + rng.normal(0, 1e-5))
+    a, c, b = cost.coefficients()
+    assert (a, c, b) == pytest.approx((0.05, 0.03, 0.001), rel=0.05)
+    assert cost.time(8, 128) / cost.time(8, 32) == pytest.approx(0.418 / 0.322, rel=0.02)
+    naive = TokenCost()
+    for bs in range(1, 9):  # only narrow steps: the per-request cost is read as per token
+        for _ in range(4):
+            naive.on_step(bs, 4 * bs, 0.05 + 0.034 * bs)
+    assert naive.coefficients()[1] == 0.0 and naive.coefficients()[2] > 0.008
 
 
 def test_wide_pays_is_the_tokens_per_second_comparison():
     flat = TokenCost()
     for i in range(MIN_STEPS + 4):
-        flat.on_step(4 + i, 0.01)
+        flat.on_step(1, 4 + i, 0.01)
     assert wide_pays(flat, 8, 4, 16, committed=12.0, gain=0.1)  # free extra tokens
     assert not wide_pays(flat, 8, 4, 16, committed=12.0, gain=0.0)
     assert not wide_pays(flat, 8, 4, 4, committed=12.0, gain=5.0)  # not wider
     steep = TokenCost()
     for tokens in range(4, 200, 4):
-        steep.on_step(tokens, 0.001 + 0.001 * tokens)  # cost ~ proportional to tokens
+        steep.on_step(1, tokens, 0.001 + 0.001 * tokens)  # cost ~ proportional to tokens
     # bs 8: 32 -> 128 tokens costs ~4x; 6 extra tokens on 12 do not pay, 40 do
     assert not wide_pays(steep, 8, 4, 16, committed=12.0, gain=6.0)
     assert wide_pays(steep, 8, 4, 16, committed=12.0, gain=40.0)
     for committed, gain in ((12.0, 6.0), (3.0, 2.0), (1.0, 10.0)):
-        lhs = (committed + gain) / steep.time(8 * 16)
-        assert wide_pays(steep, 8, 4, 16, committed, gain) == (lhs > committed / steep.time(32))
+        lhs = (committed + gain) / steep.time(8, 8 * 16)
+        rhs = committed / steep.time(8, 32)
+        assert wide_pays(steep, 8, 4, 16, committed, gain) == (lhs > rhs)
 
 
 def test_wide_stats_names():

@@ -245,7 +245,7 @@ class WideStepsMixin:
             return
         bs, start, tokens = prev
         if bs == len(batch.reqs):
-            self._wide_cost.on_step(tokens, time.perf_counter() - start)
+            self._wide_cost.on_step(bs, tokens, time.perf_counter() - start)
 
     def _widen(self, batch: Any, vi: Any, tokens: np.ndarray, masks: np.ndarray) -> Any:
         """The step's verify input at the width of ``tokens``; the worker and its draft
