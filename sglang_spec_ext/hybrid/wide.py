@@ -36,7 +36,8 @@ class TokenCost:
     (the model's draft forwards, the scheduler), ``b`` what grows with the verified
     tokens (the target's verify, the draft extend over them). Least squares over the
     last :data:`WINDOW` timed decode steps once they are :data:`MIN_STEPS` and ``T``
-    varied (``c`` too once ``bs`` varied apart from ``T``); before that ``a = 1``,
+    varied (``c`` too once ``bs`` varied apart from ``T``; refitted once without the
+    steps three median absolute residuals off); before that ``a = 1``,
     ``c = 0`` and ``b = cost_prior / PRIOR_TOKENS`` (relative units: only ratios of step
     times are used)."""
 
@@ -64,16 +65,14 @@ class TokenCost:
         bs, tokens, t = data[:, 0], data[:, 1], data[:, 2]
         if np.ptp(tokens) <= 0:
             return  # T never varied: not identifiable, keep what we had
-        ones = np.ones_like(tokens)
-        full = np.stack([ones, bs, tokens], 1)
-        fit = None
-        if np.linalg.matrix_rank(full) == 3:
-            a, c, b = np.linalg.lstsq(full, t, rcond=None)[0]
-            if c >= 0:
-                fit = (float(a), float(c), max(float(b), 0.0))
-        if fit is None:  # bs moved with T only (one width), or a negative per-request cost
-            a, b = np.linalg.lstsq(full[:, [0, 2]], t, rcond=None)[0]
-            fit = (float(a), 0.0, max(float(b), 0.0))  # b <= 0: flat in T, as measured
+        full = np.stack([np.ones_like(tokens), bs, tokens], 1)
+        fit = _fit(full, t)
+        # one pass without the outliers (a step that waited on a compile, a prefill's
+        # leftovers): three median absolute residuals off the first fit
+        res = np.abs(full @ np.asarray(fit) - t)
+        keep = res <= 3.0 * max(float(np.median(res)), 1e-9)
+        if keep.sum() >= MIN_STEPS and not keep.all():
+            fit = _fit(full[keep], t[keep])
         a, c, b = fit
         if not np.isfinite(fit).all() or a + c * bs.min() + b * tokens.min() <= 0:
             return
@@ -103,6 +102,18 @@ class TokenCost:
             },  # fmt: skip
             "wide_cost_steps": len(self._steps),
         }
+
+
+def _fit(full: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
+    """Least squares ``(a, c, b)`` of ``t`` on the columns ``(1, bs, T)``; ``c = 0`` where
+    ``bs`` moved with ``T`` only (one width) or came out negative; ``b`` at least 0 (a
+    negative slope is noise: flat in T, as measured)."""
+    if np.linalg.matrix_rank(full) == 3:
+        a, c, b = np.linalg.lstsq(full, t, rcond=None)[0]
+        if c >= 0:
+            return float(a), float(c), max(float(b), 0.0)
+    a, b = np.linalg.lstsq(full[:, [0, 2]], t, rcond=None)[0]
+    return float(a), 0.0, max(float(b), 0.0)
 
 
 def wide_pays(

@@ -132,3 +132,32 @@ def test_replay_with_wide_suffix_drafts_reaches_suffix_alone_at_that_width():
     assert only.commits == alone.steps
     with pytest.raises(ValueError, match="width"):
         replay_hybrid(records, "learned", steps=3, width=1, suffix_width=16)
+
+
+def test_cost_fit_ignores_a_few_slow_warm_up_steps():
+    """What a HYBRID server at concurrency 8 measured (SmolLM2 + a 22-layer draft, CPU):
+    narrow steps at bs 8 (32 tokens) 484 ms, wide ones (128 tokens) 837 ms, a few bs 1-2
+    steps, and four first steps at 690 ms that waited on warm-up. The fit must price the
+    wide step at bs 8 about as measured (1.73x the narrow one; within 15%: one linear
+    model for every batch size), not as the outliers make it."""
+    cost = TokenCost()
+    for _ in range(4):
+        cost.on_step(1, 4, 0.6907)  # warm-up
+    cost.on_step(1, 11, 0.1616)
+    for _ in range(2):
+        cost.on_step(2, 32, 0.2578)
+    for _ in range(3):
+        cost.on_step(8, 32, 0.4844)
+    for _ in range(4):
+        cost.on_step(8, 104, 0.7358)
+    for _ in range(46):
+        cost.on_step(8, 128, 0.8366)
+    for _ in range(7):
+        cost.on_step(7, 112, 0.7701)
+    ratio = cost.time(8, 128) / cost.time(8, 32)
+    assert ratio == pytest.approx(0.8366 / 0.4844, rel=0.15), ratio
+    # 20 committed tokens per narrow step: 12 more make 1.6x the tokens for 1.73x the time
+    # measured, so no wide step (a fit over the outliers too prices it 1.52x and widens);
+    # 20 more (2x the tokens) pay
+    assert not wide_pays(cost, 8, 4, 16, committed=20.0, gain=12.0)
+    assert wide_pays(cost, 8, 4, 16, committed=20.0, gain=20.0)
