@@ -9,42 +9,61 @@ padded. On a GPU a verify's cost is nearly flat in its tokens until the step lea
 the memory-bound region; on a CPU it grows at once. So a step goes wide only where it
 pays (:func:`wide_pays`): the expected extra accepted tokens of the longer suffix drafts
 against the step's extra verify tokens, priced by :class:`TokenCost`, a least-squares
-fit ``t = a + c * bs + b * T`` of the step time over the batch size and the step's
-verify tokens ``T = bs * W``, learned from the server's own timed decode steps. Engine-agnostic.
+fit of the step time over the step's verify tokens ``T = bs * W`` per batch-size tier,
+learned from the server's own timed decode steps, every batch size's narrow and wide
+steps kept timed by a little exploration (:class:`Explorer`). Engine-agnostic.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-#: Steps the cost fit looks back over.
+#: Timed steps the cost fit looks back over, per batch-size tier and in all.
+TIER_WINDOW = 64
 WINDOW = 256
-#: Timed steps before the fit replaces the prior.
+#: Timed steps of a tier before its own fit prices it (and in all, before the global fit).
+TIER_MIN = 8
 MIN_STEPS = 16
+#: The first timed decode steps of a server, never fitted (warm-up: allocations, compiles).
+WARMUP = 4
+#: Batch-size tiers: ceil(log2 bs), the last open.
+MAX_TIER = 8
 #: Verify tokens at which the prior's extra cost ``cost_prior`` is reached (one request
 #: at width 16: a GPU's memory-bound region, a guess until the fit has data).
 PRIOR_TOKENS = 16
+#: One wide-step candidate in this many per tier takes the other choice than the cost
+#: model's, so both are timed at every batch size (the fit needs narrow and wide steps
+#: at the same batch size to tell a per-token cost from a per-request one).
+EXPLORE_EVERY = 8
+
+
+def tier(bs: int) -> int:
+    return min(max(0, int(np.ceil(np.log2(max(bs, 1))))), MAX_TIER)
 
 
 @dataclass
 class TokenCost:
-    """Step time ``t(bs, T) = a + c * bs + b * T`` over the batch size and the step's
-    verify tokens ``T`` (see the module doc): ``c`` takes what grows with the requests
-    (the model's draft forwards, the scheduler), ``b`` what grows with the verified
-    tokens (the target's verify, the draft extend over them). Least squares over the
-    last :data:`WINDOW` timed decode steps once they are :data:`MIN_STEPS` and ``T``
-    varied (``c`` too once ``bs`` varied apart from ``T``; refitted once without the
-    steps three median absolute residuals off); before that ``a = 1``,
-    ``c = 0`` and ``b = cost_prior / PRIOR_TOKENS`` (relative units: only ratios of step
-    times are used)."""
+    """Step time ``t(bs, T)`` over the batch size and the step's verify tokens ``T``
+    (see the module doc). Per batch-size tier (:func:`tier`), once the tier holds
+    :data:`TIER_MIN` timed steps with different ``T``: ``t = a + c * bs + b * T``, least
+    squares over its last :data:`TIER_WINDOW` steps (``c = 0`` where ``bs`` moved with
+    ``T`` only); otherwise the same over the last :data:`WINDOW` steps of all tiers (one
+    line for every batch size: a GPU's step is not linear across them); before :data:`MIN_STEPS`, a prior: ``a = 1``,
+    ``c = 0``, ``b = cost_prior / PRIOR_TOKENS`` (relative units: only ratios of step
+    times are used). Slopes below 0 are read as flat. The first :data:`WARMUP` steps are
+    not fitted."""
 
     cost_prior: float = 0.1
     window: int = WINDOW
     _steps: deque = field(default_factory=deque, repr=False)
-    _fit: tuple[float, float, float] | None = None  # (a, c, b)
+    _tiers: dict[int, deque] = field(default_factory=dict, repr=False)
+    _skipped: int = 0
+    _fit: tuple[float, float, float] | None = None  # global (a, c, b)
+    _tier_fits: dict[int, tuple[float, float, float]] = field(default_factory=dict, repr=False)
     _dirty: bool = False
 
     def on_step(self, bs: int, tokens: int, seconds: float) -> None:
@@ -52,34 +71,39 @@ class TokenCost:
         included) took ``seconds``."""
         if bs < 1 or tokens < 1 or not (seconds > 0 and np.isfinite(seconds)):
             return
-        self._steps.append((float(bs), float(tokens), float(seconds)))
+        if self._skipped < WARMUP:
+            self._skipped += 1
+            return
+        row = (float(bs), float(tokens), float(seconds))
+        self._steps.append(row)
         while len(self._steps) > self.window:
             self._steps.popleft()
+        mine = self._tiers.setdefault(tier(bs), deque(maxlen=TIER_WINDOW))
+        mine.append(row)
         self._dirty = True
 
     def _refit(self) -> None:
         self._dirty = False
+        self._tier_fits = {}
+        for k, rows in self._tiers.items():
+            data = np.asarray(rows, dtype=np.float64)
+            if len(data) >= TIER_MIN and np.ptp(data[:, 1]) > 0:
+                fit = _fit(np.stack([np.ones(len(data)), data[:, 0], data[:, 1]], 1), data[:, 2])
+                if np.isfinite(fit).all() and min(_at(fit, data[:, 0], data[:, 1])) > 0:
+                    self._tier_fits[k] = fit
         if len(self._steps) < MIN_STEPS:
             return
         data = np.asarray(self._steps, dtype=np.float64)
         bs, tokens, t = data[:, 0], data[:, 1], data[:, 2]
         if np.ptp(tokens) <= 0:
             return  # T never varied: not identifiable, keep what we had
-        full = np.stack([np.ones_like(tokens), bs, tokens], 1)
-        fit = _fit(full, t)
-        # one pass without the outliers (a step that waited on a compile, a prefill's
-        # leftovers): three median absolute residuals off the first fit
-        res = np.abs(full @ np.asarray(fit) - t)
-        keep = res <= 3.0 * max(float(np.median(res)), 1e-9)
-        if keep.sum() >= MIN_STEPS and not keep.all():
-            fit = _fit(full[keep], t[keep])
+        fit = _fit(np.stack([np.ones_like(tokens), bs, tokens], 1), t)
         a, c, b = fit
-        if not np.isfinite(fit).all() or a + c * bs.min() + b * tokens.min() <= 0:
-            return
-        self._fit = (max(a, 0.0), c, b)
+        if np.isfinite(fit).all() and a + c * bs.min() + b * tokens.min() > 0:
+            self._fit = (max(a, 0.0), c, b)
 
     def coefficients(self) -> tuple[float, float, float]:
-        """``(a, c, b)``: the fit's seconds, or the prior's relative units."""
+        """``(a, c, b)`` of the global fit (seconds), or the prior's relative units."""
         if self._dirty:
             self._refit()
         if self._fit is not None:
@@ -87,10 +111,14 @@ class TokenCost:
         return 1.0, 0.0, self.cost_prior / PRIOR_TOKENS
 
     def time(self, bs: int, tokens: int) -> float:
-        a, c, b = self.coefficients()
+        a, c, b = self.coefficients()  # refits where needed
+        mine = self._tier_fits.get(tier(bs))
+        if mine is not None:
+            return float(_at(mine, bs, tokens))
         return a + c * bs + b * tokens
 
     def stats(self) -> dict[str, object]:
+        self.coefficients()
         fit = self._fit
         return {
             "wide_cost_fit": None
@@ -100,8 +128,34 @@ class TokenCost:
                 "c_ms_per_request": round(fit[1] * 1e3, 4),
                 "b_ms_per_token": round(fit[2] * 1e3, 5),
             },  # fmt: skip
+            "wide_cost_tiers": {
+                f"bs<={2**k}": {
+                    "a_ms": round(a * 1e3, 2),
+                    "c_ms_per_request": round(c * 1e3, 4),
+                    "b_ms_per_token": round(b * 1e3, 4),
+                }
+                for k, (a, c, b) in sorted(self._tier_fits.items())
+            },  # fmt: skip
             "wide_cost_steps": len(self._steps),
         }
+
+
+@dataclass
+class Explorer:
+    """Every :data:`EXPLORE_EVERY`-th wide-step candidate of a batch-size tier takes the
+    other choice (see :data:`EXPLORE_EVERY`)."""
+
+    every: int = EXPLORE_EVERY
+    _counts: dict[int, int] = field(default_factory=dict)
+    flips: int = 0
+
+    def choose(self, bs: int, pays: bool) -> bool:
+        k = tier(bs)
+        n = self._counts[k] = self._counts.get(k, 0) + 1
+        if self.every > 0 and n % self.every == 0:
+            self.flips += 1
+            return not pays
+        return pays
 
 
 def _fit(full: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
@@ -114,6 +168,11 @@ def _fit(full: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
             return float(a), float(c), max(float(b), 0.0)
     a, b = np.linalg.lstsq(full[:, [0, 2]], t, rcond=None)[0]
     return float(a), 0.0, max(float(b), 0.0)
+
+
+def _at(fit: tuple[float, float, float], bs: Any, tokens: Any) -> Any:
+    a, c, b = fit
+    return a + c * np.asarray(bs, dtype=np.float64) + b * np.asarray(tokens, dtype=np.float64)
 
 
 def wide_pays(
@@ -147,9 +206,11 @@ class WideStats:
     capped_rows: int = 0  # suffix rows cut to the model's width (the step stayed narrow)
     wide_rows: int = 0  # suffix rows verified beyond the model's width
     verify_tokens: int = 0  # tokens through the target in those steps (padding included)
+    explored: int = 0  # candidate steps that took the other choice (Explorer)
 
     def as_dict(self) -> dict[str, int]:
         return {
+            "wide_explored": self.explored,
             "wide_candidate_steps": self.steps,
             "wide_steps": self.wide_steps,
             "wide_rows": self.wide_rows,

@@ -92,6 +92,7 @@ def test_wide_pays_is_the_tokens_per_second_comparison():
 def test_wide_stats_names():
     stats = WideStats(steps=3, wide_steps=2, capped_rows=1, wide_rows=4, verify_tokens=64)
     assert stats.as_dict() == {
+        "wide_explored": 0,
         "wide_candidate_steps": 3,
         "wide_steps": 2,
         "wide_rows": 4,
@@ -161,3 +162,15 @@ def test_cost_fit_ignores_a_few_slow_warm_up_steps():
     # 20 more (2x the tokens) pay
     assert not wide_pays(cost, 8, 4, 16, committed=20.0, gain=12.0)
     assert wide_pays(cost, 8, 4, 16, committed=20.0, gain=20.0)
+
+
+def test_explorer_flips_one_candidate_in_eight_per_batch_size_tier():
+    from sglang_spec_ext.hybrid.wide import EXPLORE_EVERY, Explorer
+
+    ex = Explorer()
+    small = [ex.choose(1, True) for _ in range(2 * EXPLORE_EVERY)]
+    big = [ex.choose(8, False) for _ in range(EXPLORE_EVERY)]
+    assert small.count(False) == 2 and small[EXPLORE_EVERY - 1] is False
+    assert big == [False] * (EXPLORE_EVERY - 1) + [True]  # its own count
+    assert ex.flips == 3
+    assert Explorer(every=0).choose(1, True) is True

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from sglang_spec_ext.hybrid.candidate import MODEL, SUFFIX, Candidate
-from sglang_spec_ext.hybrid.wide import TokenCost, WideStats, wide_pays
+from sglang_spec_ext.hybrid.wide import Explorer, TokenCost, WideStats, wide_pays
 from sglang_spec_ext.sglang.serving.request_options import cap_tree
 from sglang_spec_ext.sglang.verify.rows import write_trees
 from sglang_spec_ext.sglang.verify.tree_mask import FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING
@@ -188,6 +188,7 @@ class WideStepsMixin:
         self._suffix_trees = int(self.topk) > 1  # suffix drafts as trees (_resolve_wide)
         self._tree_step = False  # this step verifies suffix trees at start-up topk 1
         self._wide_cost = TokenCost(cost_prior)
+        self._explorer = Explorer()
         self._wide_stats = WideStats()
         self._narrowed: tuple[int, int] | None = None  # the widths a wide step replaced
         self._step_width = int(self.speculative_num_draft_tokens)
@@ -311,7 +312,10 @@ class WideStepsMixin:
         stats = self._wide_stats
         stats.steps += 1
         wide = 1 + int(packed.lens[long].max())
-        if wide_pays(self._wide_cost, bs, width, wide, committed, gain):
+        pays = wide_pays(self._wide_cost, bs, width, wide, committed, gain)
+        chosen = self._explorer.choose(bs, pays)
+        stats.explored += chosen != pays
+        if chosen:
             stats.wide_steps += 1
             stats.wide_rows += len(long)
             return
