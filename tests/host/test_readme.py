@@ -173,7 +173,22 @@ def _expected_figures() -> dict[str, list[str]]:
         best = max(ragged[k][c]["goodput_tok_s"] for k in ("SUFFIX padded", "adaptive padded"))
         return ragged["SUFFIX ragged"][c]["goodput_tok_s"] / best
 
+    wide = _load("hybrid_wide.json")
+    assert all(r["identical_to_plain"] for r in wide["served"].values())
+    w16, w4, sx = (wide["served"][k]["accept_length"] for k in (
+        "HYBRID suffix width 16", "HYBRID suffix width 4", "SUFFIX w16"))  # fmt: skip
+    rw = [wide["replay"][s]["HYBRID suffix width 16"] for s in ("code-edit", "repeat")]
+    rs = [wide["replay"][s]["SUFFIX w16 (tree)"] for s in ("code-edit", "repeat")]
+    c8 = _load("hybrid_wide_c8.json")["served"]
+    c8_ratio = c8["HYBRID suffix width 16"]["tok_s"] / c8["HYBRID suffix width 4"]["tok_s"]
     return {
+        "hybrid_wide.json": [
+            f"{w16['code-edit']:.2f} / {w16['repeat']:.2f} (code edits / repeated questions) vs "
+            f"SUFFIX alone at width 16 {sx['code-edit']:.2f} / {sx['repeat']:.2f}, and "
+            f"{w4['code-edit']:.2f} / {w4['repeat']:.2f} with suffix drafts cut",
+            f"{rw[0]:.2f} / {rw[1]:.2f} vs {rs[0]:.2f} / {rs[1]:.2f}",
+            f"at concurrency 8 {c8_ratio:.2f}x the cut HYBRID's tok/s",
+        ],
         "ragged_smollm2.json": [
             f"{r64['SUFFIX ragged']:.2f}x plain, against {r64['SUFFIX padded']:.2f}x for padded "
             f"SUFFIX and {r64['adaptive padded']:.2f}x for the width controller",
