@@ -81,3 +81,15 @@ def test_the_cut_row_goes_to_the_model_where_the_model_is_better_then():
     packed = _step(w, 8)
     assert packed.flags[0] == 0 and packed.tokens[0, 1:4].tolist() == [1, 2, 3]
     assert np.array_equal(packed.lens, np.full(8, 3))
+
+
+def test_a_verify_input_with_a_planned_kv_window_stays_narrow():
+    from types import SimpleNamespace
+
+    w = _worker(0.0)  # wide would pay
+    w._block_wide(SimpleNamespace(kv_loc_plan=object(), draft_probs=None))
+    packed = _step(w, 8)
+    assert w._wide_stats.wide_steps == 0 and packed.lens.max() <= WIDTH - 1
+    w._block_wide(SimpleNamespace(kv_loc_plan=None, draft_probs=None))
+    packed = _step(w, 8)
+    assert w._wide_stats.wide_steps == 1 and packed.lens[0] == 12

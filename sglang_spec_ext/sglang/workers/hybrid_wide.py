@@ -187,6 +187,7 @@ class WideStepsMixin:
         self._wide_resolved = False
         self._suffix_trees = int(self.topk) > 1  # suffix drafts as trees (_resolve_wide)
         self._tree_step = False  # this step verifies suffix trees at start-up topk 1
+        self._wide_blocked = False  # this step's verify input cannot be rebuilt (block_wide)
         self._wide_cost = TokenCost(cost_prior)
         self._explorer = Explorer()
         self._wide_stats = WideStats()
@@ -226,6 +227,12 @@ class WideStepsMixin:
     def init_attention_backends(self) -> None:
         super().init_attention_backends()  # type: ignore[misc]
         self._resolve_wide()
+
+    def _block_wide(self, vi: Any) -> None:
+        """A verify input that carries what a rebuilt one would lose (the draft's planned
+        KV window, draft probabilities for rejection sampling) keeps this step narrow."""
+        self._wide_blocked = (getattr(vi, "kv_loc_plan", None) is not None
+                              or getattr(vi, "draft_probs", None) is not None)  # fmt: skip
 
     def _mark_tree_step(self, vi: Any, rows: list[int]) -> None:
         """A step with suffix rows at start-up topk 1 where they are trees: the verify input
@@ -312,9 +319,12 @@ class WideStepsMixin:
         stats = self._wide_stats
         stats.steps += 1
         wide = 1 + int(packed.lens[long].max())
-        pays = wide_pays(self._wide_cost, bs, width, wide, committed, gain)
-        chosen = self._explorer.choose(bs, pays)
-        stats.explored += chosen != pays
+        if self._wide_blocked:  # this step's verify input cannot be rebuilt wider
+            chosen = False
+        else:
+            pays = wide_pays(self._wide_cost, bs, width, wide, committed, gain)
+            chosen = self._explorer.choose(bs, pays)
+            stats.explored += chosen != pays
         if chosen:
             stats.wide_steps += 1
             stats.wide_rows += len(long)

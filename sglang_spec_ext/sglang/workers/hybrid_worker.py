@@ -208,6 +208,7 @@ class HybridMixin(WideStepsMixin):
         returns the step's verify input (a wider one for a wide step, hybrid_wide.py)."""
         bs, width, pack = len(batch.reqs), self._width, self._pack_width()
         self._choice = [MODEL] * bs
+        self._block_wide(verify_input)
         try:
             if isinstance(drafted, BaseException):
                 raise drafted
