@@ -5,7 +5,8 @@ overlap scheduling plus the CPU graph emulation (where a wide step runs the veri
 the draft extend eagerly). A repeated request's answer is in the global suffix tree, so
 its second run drafts the whole answer: accepted beyond the model's width, greedy output
 identical to plain serving, sampled requests and concurrency with prefills in between
-still served. The control server (suffix width 4) never goes wide."""
+still served, concurrent wide steps verifying each row at its own length (ragged: the
+CPU engine's verify attention). The control server (suffix width 4) never goes wide."""
 
 from __future__ import annotations
 
@@ -91,4 +92,7 @@ def test_concurrent_and_sampled_requests_under_wide_steps(tiny_baseline_server, 
     assert all(0 <= t < len(tok) for s in sampled for t in s["output_ids"])
     stats = _stats(server)
     assert stats["choice_faults"] == 0
+    wide = stats["wide"]  # concurrent wide steps verify each row at its own length
+    assert wide["wide_ragged_verify_steps"] > 0
+    assert wide["wide_verify_tokens_per_step"] < wide["wide_padded_verify_tokens_per_step"]
     assert server.healthy()

@@ -136,23 +136,8 @@ class RaggedVerify:
             raise ValueError(f"ragged verify lengths {lens.tolist()} outside 1..{width}")
         ragged = bool((lens < width).any())
         self.stats.count(lens, width, ragged, self.padded_width or width)
-        if not ragged:
-            return
-        spec_info = batch.spec_info
-        device = spec_info.retrieve_next_token.device
-        rows = np.nonzero(lens < width)[0]
-        last = rows * width + lens[rows] - 1  # each padded request's last real node
-        links = spec_info.retrieve_next_token.view(-1)
-        links[torch.from_numpy(last).to(device, non_blocking=True)] = -1
-        starts = np.arange(bs, dtype=np.int64) * width
-        keep = np.repeat(starts, lens) + (
-            np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-        )
-        self.plan_now = RaggedPlan(
-            lens=lens.tolist(),
-            width=width,
-            keep=torch.from_numpy(keep).to(device, non_blocking=True),
-        )
+        if ragged:
+            self.plan_now = compact_plan(batch.spec_info, lens, width)
 
     def target(self, target_worker: Any) -> Any:
         """The target worker for this step's verify forward (compact where planned)."""
@@ -162,6 +147,25 @@ class RaggedVerify:
 
     def stats_dict(self) -> dict[str, Any]:
         return self.stats.as_dict()
+
+
+def compact_plan(spec_info: Any, lens: np.ndarray, width: int) -> RaggedPlan:
+    """The compact forward of a verify input ``width`` wide whose request ``b`` holds
+    ``lens[b]`` real nodes (root included), padding after them: the padding cut off each
+    tree (the first-child link of each padded request's last real node: padding hangs
+    only below it, ``verify/layout.py``) and the rows the forward keeps."""
+    device = spec_info.retrieve_next_token.device
+    rows = np.nonzero(lens < width)[0]
+    last = rows * width + lens[rows] - 1  # each padded request's last real node
+    links = spec_info.retrieve_next_token.view(-1)
+    links[torch.from_numpy(last).to(device, non_blocking=True)] = -1
+    starts = np.arange(len(lens), dtype=np.int64) * width
+    keep = np.repeat(starts, lens) + (
+        np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+    )
+    return RaggedPlan(
+        lens=lens.tolist(), width=width, keep=torch.from_numpy(keep).to(device, non_blocking=True)
+    )
 
 
 class RaggedTarget:
@@ -189,6 +193,43 @@ class RaggedTarget:
             result = self._worker.forward_batch_generation(batch, *args, **kwargs)
         finally:
             batch.input_ids, batch.out_cache_loc, spec_info.positions = saved
+            setattr(spec_info, LENS_ATTR, None)
+        out = result.logits_output
+        rows = len(plan.lens) * plan.width
+        out.next_token_logits = _scatter_rows(out.next_token_logits, keep, rows)
+        if getattr(out, "hidden_states", None) is not None:
+            out.hidden_states = _scatter_rows(out.hidden_states, keep, rows)
+        return result
+
+
+class RaggedForwardTarget:
+    """The target worker during one ragged verify forward whose forward batch is built
+    before the call (the host's EAGLE verify, which HYBRID's wide steps run): the batch's
+    input ids, positions and KV slots compacted, logits scattered back to padded rows."""
+
+    def __init__(self, worker: Any, plan: RaggedPlan) -> None:
+        self._worker = worker
+        self._plan: RaggedPlan | None = plan
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._worker, name)
+
+    def forward_batch_generation(self, *args: Any, **kwargs: Any) -> Any:
+        plan, self._plan = self._plan, None
+        fb = kwargs.get("forward_batch")
+        if plan is None or fb is None or not kwargs.get("is_verify"):
+            return self._worker.forward_batch_generation(*args, **kwargs)
+        spec_info = fb.spec_info
+        saved = (fb.input_ids, fb.positions, fb.out_cache_loc, spec_info.positions)
+        keep = plan.keep
+        fb.input_ids, fb.positions, fb.out_cache_loc, spec_info.positions = (
+            t.view(-1)[keep] for t in saved
+        )
+        setattr(spec_info, LENS_ATTR, plan.lens)
+        try:
+            result = self._worker.forward_batch_generation(*args, **kwargs)
+        finally:
+            fb.input_ids, fb.positions, fb.out_cache_loc, spec_info.positions = saved
             setattr(spec_info, LENS_ATTR, None)
         out = result.logits_output
         rows = len(plan.lens) * plan.width

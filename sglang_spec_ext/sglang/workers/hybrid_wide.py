@@ -45,6 +45,13 @@ import torch
 from sglang_spec_ext.hybrid.candidate import MODEL, SUFFIX, Candidate
 from sglang_spec_ext.hybrid.wide import Explorer, TokenCost, WideStats, wide_pays
 from sglang_spec_ext.sglang.serving.request_options import cap_tree
+from sglang_spec_ext.sglang.verify.ragged import (
+    RaggedForwardTarget,
+    RaggedPlan,
+    RaggedStats,
+    compact_plan,
+    ragged_backend_problem,
+)
 from sglang_spec_ext.sglang.verify.rows import write_trees
 from sglang_spec_ext.sglang.verify.tree_mask import FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING
 from sglang_spec_ext.sglang.verify.widths import backend_name, reads_width_from_spec_info
@@ -188,6 +195,9 @@ class WideStepsMixin:
         self._suffix_trees = int(self.topk) > 1  # suffix drafts as trees (_resolve_wide)
         self._tree_step = False  # this step verifies suffix trees at start-up topk 1
         self._wide_blocked = False  # this step's verify input cannot be rebuilt (block_wide)
+        self._ragged_wide: bool | None = None  # wide steps verify each row at its own length
+        self._ragged_plan: RaggedPlan | None = None  # this step's compact target forward
+        self._ragged_stats = RaggedStats()
         self._wide_cost = TokenCost(cost_prior)
         self._explorer = Explorer()
         self._wide_stats = WideStats()
@@ -215,6 +225,8 @@ class WideStepsMixin:
             logger.info("HYBRID: a winning suffix draft keeps up to %d tokens (wide steps verify "
                         "at up to width %d where the extra tokens pay; eager verify and draft "
                         "extend there)", self._wide_width - 1, self._wide_width)  # fmt: skip
+        if self._wide_width:
+            self._resolve_ragged()
         if not self._suffix_trees:
             problem = tree_rows_problem(self)
             if problem is None:  # before the first decode step: no session to carry over
@@ -223,6 +235,34 @@ class WideStepsMixin:
             logger.info("HYBRID: suffix drafts are %s at --speculative-eagle-topk 1%s",
                         "trees" if problem is None else "chains",
                         "" if problem is None else f": {problem}")  # fmt: skip
+
+    def _resolve_ragged(self) -> None:
+        from sglang_spec_ext.sglang.serving.server_args import plugin_config
+        from sglang_spec_ext.sglang.workers.suffix_ragged import _lora_problem
+
+        problem = None if plugin_config().ragged_verify else "SGLANG_SPEC_EXT_RAGGED_VERIFY=0"
+        problem = problem or ragged_backend_problem(self.target_worker.model_runner)
+        problem = problem or _lora_problem(self)
+        self._ragged_wide = problem is None
+        logger.info("HYBRID: wide steps verify %s", "each row at its own length (ragged)"
+                    if problem is None else f"padded to their width: {problem}")  # fmt: skip
+
+    @property
+    def target_worker(self) -> Any:
+        """The target worker; during a ragged wide step's verify, its compact-forward
+        wrapper (``verify/ragged.py``)."""
+        plan = getattr(self, "_ragged_plan", None)  # also read by the host's __init__
+        if plan is None:
+            return self._target_worker
+        return RaggedForwardTarget(self._target_worker, plan)
+
+    def _plan_ragged(self, vi: Any, lens: np.ndarray, width: int) -> None:
+        """A wide step's rows at their own length (``lens``: nodes, root excluded)."""
+        lens = np.minimum(np.asarray(lens, dtype=np.int64) + 1, width)
+        ragged = bool(self._ragged_wide) and bool((lens < width).any())
+        self._ragged_stats.count(lens, width, ragged, width)
+        if ragged:
+            self._ragged_plan = compact_plan(vi, lens, width)
 
     def init_attention_backends(self) -> None:
         super().init_attention_backends()  # type: ignore[misc]
@@ -276,6 +316,7 @@ class WideStepsMixin:
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
         self._tree_step = False
+        self._ragged_plan = None
         if decode:
             self._time_step(batch)
             self._step_width = int(self.speculative_num_draft_tokens)
@@ -343,5 +384,6 @@ class WideStepsMixin:
                 packed.write(b, capped.tokens, capped.parents)
 
     def wide_stats(self) -> dict[str, Any]:
+        ragged = {f"wide_{k}": v for k, v in self._ragged_stats.as_dict().items()}
         return {"suffix_width": self._wide_width, **self._wide_stats.as_dict(),
-                **self._wide_cost.stats()}  # fmt: skip
+                **self._wide_cost.stats(), **ragged}  # fmt: skip

@@ -232,6 +232,7 @@ class HybridMixin(WideStepsMixin):
                                            masks[:, :step, :step])  # fmt: skip
                 self._step_width = step
                 self._wide_stats.verify_tokens += bs * step
+                self._plan_ragged(verify_input, lens, step)
             elif rows:
                 self._splice(batch, verify_input, rows, tokens[:, :width],
                              masks[:, :width, :width])  # fmt: skip
@@ -354,7 +355,7 @@ class HybridMixin(WideStepsMixin):
                 batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier
             )
         finally:
-            self.topk, self._tree_step = topk, False
+            self.topk, self._tree_step, self._ragged_plan = topk, False, None
         choice, self._choice = self._choice, []
         starts, self._starts = self._starts, None
         reqs = batch.reqs
