@@ -37,19 +37,23 @@ def recorded_draft_tables(
     draft: str, shape: str, trace_dir: Path = HYBRID_TRACES
 ) -> dict[str, AcceptanceTable]:
     """``shape:<file stem>`` -> the acceptance of the recorded chain proposals
-    ``model_drafts[draft]`` of each trace file in ``trace_dir``. ``ValueError`` naming the
-    file where a record lacks them, or where ``trace_dir`` has no trace."""
+    ``model_drafts[draft]`` of each trace file in ``trace_dir`` that has them (a set the
+    draft was never recorded for is left out). ``ValueError`` naming the file where some
+    records lack them, or where no trace of ``trace_dir`` has them."""
     paths = sorted(Path(trace_dir).glob("*.jsonl"))
-    if not paths:
-        raise ValueError(f"no *.jsonl trace in {trace_dir}")
     tables: dict[str, AcceptanceTable] = {}
     for path in paths:
+        records = read_trace(path)
+        if not any(draft in r.model_drafts for r in records):
+            continue
         try:
-            rows = [r.to_json() for r in model_draft_table(read_trace(path), draft)]
+            rows = [r.to_json() for r in model_draft_table(records, draft)]
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
         name = f"{shape}:{path.stem}"
         tables[name] = AcceptanceTable.from_rows(rows, name)
+    if not tables:
+        raise ValueError(f"no *.jsonl trace in {trace_dir} has model drafts {draft!r}")
     return tables
 
 

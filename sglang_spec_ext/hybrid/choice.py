@@ -41,6 +41,9 @@ DEFAULT_EDGES: tuple[float, ...] = (
 )  # fmt: skip
 
 POLICIES: tuple[str, ...] = ("learned", "arctic", "match", SUFFIX, MODEL)
+#: Resolved drafts in a score bucket before a whole (uncut) suffix draft of that score
+#: may win the choice on its own expectation (``HybridState.choose``).
+WHOLE_EVIDENCE = 8.0
 
 
 def chain_score(step_probs: Sequence[float]) -> float:
@@ -124,6 +127,12 @@ class GainEstimator:
         b = bucket[self.bucket(score)]
         w = self.prior_weight
         return (b.accepted + w * prior) / (b.seen + w)
+
+    def evidence(self, source: str, score: float) -> float:
+        """Resolved drafts (faded) in the bucket of ``score``: what :meth:`expected` there
+        rests on beside its prior."""
+        bucket = self._buckets.get(source)
+        return 0.0 if bucket is None else bucket[self.bucket(score)].seen
 
     def max_expected(self, source: str, up_to: float) -> float:
         """The largest :meth:`expected` of any raw score in ``[0, up_to]`` (within a
@@ -277,18 +286,51 @@ class HybridState:
     def _resolved(self, source: str, score: float, accepted: int, won: bool) -> None:
         self.estimator.observe(source, score, accepted)
 
-    def choose(self, rid: Any, committed_len: int, suffix: Candidate, model: Candidate) -> str:
-        """The winning source for ``rid``'s next verify; both drafts go to the ledger."""
+    def choose(
+        self,
+        rid: Any,
+        committed_len: int,
+        suffix: Candidate,
+        model: Candidate,
+        suffix_whole: Candidate | None = None,
+    ) -> str:
+        """The winning source for ``rid``'s next verify; both drafts go to the ledger.
+        ``suffix_whole``: the suffix draft before it was cut to the model's width (a wide
+        step may verify it, ``hybrid/wide.py``). The choice is made on the cut one, or on
+        the whole one where the learned table has :data:`WHOLE_EVIDENCE` resolved drafts of
+        its score (a long draft's raw score alone is far too confident); the whole one goes
+        to the ledger too, so the table learns what longer drafts accept."""
         winner = self.chooser.choose(suffix, model)
+        if (
+            winner == MODEL
+            and suffix_whole is not None
+            and self.chooser.policy == "learned"
+            and self.estimator.evidence(SUFFIX, suffix_whole.score) >= WHOLE_EVIDENCE
+        ):
+            winner = self.chooser.choose(suffix_whole, model)
         for cand in (suffix, model):
             if cand.tokens:
                 self.ledger.add(rid, committed_len, cand, cand.source == winner)
+        self._add_whole(rid, committed_len, suffix, suffix_whole, winner == SUFFIX)
         return winner
 
-    def take_suffix(self, rid: Any, committed_len: int, suffix: Candidate) -> str:
+    def take_suffix(
+        self,
+        rid: Any,
+        committed_len: int,
+        suffix: Candidate,
+        suffix_whole: Candidate | None = None,
+    ) -> str:
         """The suffix draft wins before the model drafts (no model draft to ledger)."""
         self.ledger.add(rid, committed_len, suffix, True)
+        self._add_whole(rid, committed_len, suffix, suffix_whole, True)
         return SUFFIX
+
+    def _add_whole(
+        self, rid: Any, at: int, cut: Candidate, whole: Candidate | None, won: bool
+    ) -> None:
+        if whole is not None and len(whole.tokens) > len(cut.tokens):
+            self.ledger.add(rid, at, whole, won)
 
     def record(self, source: str, committed: int) -> None:
         """One verify of ``source``'s draft that committed ``committed`` tokens (bonus included)."""

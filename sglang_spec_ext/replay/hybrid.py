@@ -36,6 +36,7 @@ from sglang_spec_ext.hybrid.choice import (
 from sglang_spec_ext.replay.drafters import DrafterOptions, make_drafter
 from sglang_spec_ext.replay.protocol import Drafter, greedy_accept
 from sglang_spec_ext.replay.trace import TraceRecord
+from sglang_spec_ext.suffix.draft import DraftTree
 
 #: Not a server policy: per step, the source whose draft the target accepts more of
 #: (ties: the model), known only in hindsight. An upper bound for a per-step choice.
@@ -132,7 +133,21 @@ def model_candidate(rec: TraceRecord, draft_name: str, pos: int, max_tokens: int
 
 def suffix_candidate(drafter: Drafter, rid: Any, max_nodes: int) -> Candidate:
     """The suffix drafter's tree as a candidate (score and match length as it reports)."""
+    return _candidate(drafter.speculate(rid, max_nodes))
+
+
+def suffix_cut_and_whole(
+    drafter: Drafter, rid: Any, cut: int, max_nodes: int
+) -> tuple[Candidate, Candidate | None]:
+    """As the server chooses with wide steps: the suffix draft of up to ``max_nodes`` nodes
+    cut to its first ``cut`` (``DraftTree.first``) and, where longer, the whole one."""
     tree = drafter.speculate(rid, max_nodes)
+    short = tree.first(cut) if isinstance(tree, DraftTree) else drafter.speculate(rid, cut)
+    whole = _candidate(tree) if len(tree.tokens) > len(short.tokens) else None
+    return _candidate(short), whole
+
+
+def _candidate(tree: Any) -> Candidate:
     return Candidate(
         SUFFIX,
         tuple(tree.tokens),
@@ -257,20 +272,23 @@ def _replay_one(
         drafter.extend_request(rid, out[:1])  # prefill's token
         pos = 1
     while pos < n:
-        suffix = suffix_candidate(drafter, rid, budget if suffix_budget is None else suffix_budget)
+        # chosen on the suffix draft cut to the model's width; a winning one is verified
+        # whole (up to suffix_budget nodes): every wide step taken
+        suffix, whole = suffix_cut_and_whole(drafter, rid, budget, suffix_budget or budget)
         model = model_candidate(rec, name, pos, min(steps, budget))
         first = rec.model_drafts[name].probs[pos][0] if model.tokens else 0.0
         if skip_model and state.chooser.suffix_wins_before_model_drafts(
             suffix, first, min(steps, budget)
         ):
-            winner = state.take_suffix(rid, pos, suffix)
+            winner = state.take_suffix(rid, pos, suffix, whole)
             stats.model_skipped += 1
         elif oracle:
-            better = greedy_accept(suffix, out[pos:]) > greedy_accept(model, out[pos:])
+            best = whole or suffix
+            better = greedy_accept(best, out[pos:]) > greedy_accept(model, out[pos:])
             winner = SUFFIX if better else MODEL
         else:
-            winner = state.choose(rid, pos, suffix, model)
-        chosen = suffix if winner == SUFFIX else model
+            winner = state.choose(rid, pos, suffix, model, whole)
+        chosen = (whole or suffix) if winner == SUFFIX else model
         accepted = greedy_accept(chosen, out[pos:])
         commit = min(accepted + 1, n - pos)
         accepted = min(accepted, commit)

@@ -34,3 +34,19 @@ class DraftTree:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def first(self, cap: int | None) -> DraftTree:
+        """The tree cut to its first ``cap`` nodes: the drafter adds nodes best first (by
+        path probability) in topological order, so a prefix is the best valid tree of
+        that size. The tree itself when uncapped or small enough."""
+        if cap is None or len(self.tokens) <= cap:
+            return self
+        probs = list(self.probs[:cap])
+        return DraftTree(
+            tokens=list(self.tokens[:cap]),
+            parents=list(self.parents[:cap]),
+            probs=probs,
+            score=float(sum(probs)),
+            match_len=self.match_len if cap else 0,
+            origins=list(self.origins[:cap]),
+        )

@@ -57,7 +57,7 @@ def _parity(base, spec, tok, name, num_prompts=None):
 
 def test_hybrid_chain_parity_and_both_sources_used(tiny_baseline_server, chain_server, tok):
     accepted = _parity(tiny_baseline_server, chain_server, tok, "HYBRID topk 1 (1-layer draft)")
-    assert all(1.0 <= a <= 4.0 for a in accepted)
+    assert all(1.0 <= a <= 16.0 for a in accepted)  # wide steps: up to the suffix width
     stats = _stats(chain_server)
     by = stats["by_source"]
     print("per source:", json.dumps(by))
@@ -70,7 +70,7 @@ def test_hybrid_chain_parity_and_both_sources_used(tiny_baseline_server, chain_s
 
 def test_hybrid_tree_parity(tiny_baseline_server, tree_server, tok):
     accepted = _parity(tiny_baseline_server, tree_server, tok, "HYBRID topk 2 (1-layer draft)")
-    assert all(1.0 <= a <= 4.0 for a in accepted)
+    assert all(1.0 <= a <= 16.0 for a in accepted)  # wide steps: up to the suffix width
     stats = _stats(tree_server)
     assert stats["choice_faults"] == 0 and stats["by_source"]["suffix"]["steps"] > 0
 

@@ -155,7 +155,8 @@ def test_suffix_lora_parity_and_speculation(suffix, prompts, want):
 def test_hybrid_lora_parity_and_speculation(hybrid, prompts, want):
     seen = _parity(hybrid, "HYBRID", prompts, want)
     accepted = [accept_length(meta) for meta in seen.values()]
-    assert all(1.0 <= a <= 4.0 for a in accepted)
+    # up to the suffix width: a winning suffix draft may verify whole (wide steps)
+    assert all(1.0 <= a <= 16.0 for a in accepted)
     assert max(accepted) > 2.0
     steps = {"suffix": 0, "model": 0}
     for meta in seen.values():

@@ -205,7 +205,7 @@ def test_hybrid_on_the_mtp_draft_parity_and_both_sources_used(servers, tok):
         got = _greedy(hybrid, ids)
         assert got["output_ids"] == want, f"{label}: HYBRID output differs from plain serving"
         acc = accept_length(got["meta_info"])  # asserts verify steps happened
-        assert 1.0 <= acc <= 4.0, (label, acc)
+        assert 1.0 <= acc <= 16.0, (label, acc)  # wide steps: up to the suffix width
         accepted["hybrid"].append(acc)
         accepted["nextn"].append(accept_length(_greedy(nextn, ids)["meta_info"]))
         print(f"  {label:<12} hybrid={acc:5.2f}  nextn={accepted['nextn'][-1]:5.2f}")

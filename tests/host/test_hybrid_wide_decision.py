@@ -1,11 +1,9 @@
 """HYBRID's per-step width decision (``WideStepsMixin._fit_width``, hybrid_wide.py) on a
 stand-in worker: a winning suffix draft longer than the model's width stays whole where
-the fitted step cost says the extra tokens pay, and is cut to the model's width (or loses
-to the model's draft where that is now better) where they do not."""
+the fitted step cost says the extra tokens pay, and is cut to the model's width where
+they do not (or where the table learned that its extra nodes are not accepted)."""
 
 from __future__ import annotations
-
-import numpy as np
 
 from sglang_spec_ext.hybrid.candidate import MODEL, SUFFIX, Candidate
 from sglang_spec_ext.hybrid.choice import HybridState
@@ -67,20 +65,22 @@ def test_steep_cost_cuts_it_to_the_models_width():
     packed = _step(w, 8)
     assert w._wide_stats.wide_steps == 0 and w._wide_stats.capped_rows == 1
     assert packed.lens.max() <= WIDTH - 1
-    # with no evidence the cut suffix draft (3 confident nodes) beats the model's chain
-    assert packed.flags[0] == 1
+    assert packed.flags[0] == 1  # chosen on its cut: it stays the suffix draft
     assert packed.tokens[0, 1:].tolist() == [10, 11, 12] + [0] * (PACK - 4)
 
 
-def test_the_cut_row_goes_to_the_model_where_the_model_is_better_then():
-    w = _worker(0.01)
+def test_learned_acceptance_of_long_drafts_decides_the_gain():
+    """The gain is what the table learned of whole drafts (the ledger resolves them beside
+    the cut ones): where long suffix drafts accept no more than their first 3 nodes, a
+    step stays narrow even when verify tokens are nearly free."""
+    w = _worker(1e-5)
     est = w.hybrid.estimator
-    for _ in range(50):  # learned: model drafts of this score accept 3, short suffix ones 0
-        est.observe(MODEL, 2.4, 3)
-        est.observe(SUFFIX, _chain(3).score, 0)
+    whole, short = _chain(12), _chain(12).first(WIDTH - 1)
+    for _ in range(200):
+        est.observe(SUFFIX, whole.score, 2)
+        est.observe(SUFFIX, short.score, 2)
     packed = _step(w, 8)
-    assert packed.flags[0] == 0 and packed.tokens[0, 1:4].tolist() == [1, 2, 3]
-    assert np.array_equal(packed.lens, np.full(8, 3))
+    assert w._wide_stats.wide_steps == 0 and packed.lens[0] == 3 and packed.flags[0] == 1
 
 
 def test_a_verify_input_with_a_planned_kv_window_stays_narrow():

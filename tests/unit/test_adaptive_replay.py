@@ -154,7 +154,7 @@ def test_benchmark_model_draft_mode_charges_draft_forwards(tmp_path: Path) -> No
     assert (tmp_path / "skip.png").stat().st_size > 10_000 and not (tmp_path / "warm.png").exists()
     warm, skip = reports["warm"]["results"], reports["skip"]["results"]
     assert set(warm) == {"standalone:agentic", "standalone:chat", "standalone:code-edit",
-                         "eagle3:synthetic"}  # fmt: skip
+                         "standalone:repeat", "eagle3:synthetic"}  # fmt: skip
     for set_name in warm:
         for bs in ("1", "128"):
             w, s = warm[set_name][bs], skip[set_name][bs]

@@ -68,17 +68,5 @@ def max_draft_tokens(req: Any) -> int | None:
 
 
 def cap_tree(tree: DraftTree, cap: int | None) -> DraftTree:
-    """``tree`` cut to its first ``cap`` nodes: the drafter adds nodes best first (by path
-    probability) in topological order, so a prefix is the best valid tree of that size.
-    The tree itself when uncapped or small enough."""
-    if cap is None or len(tree.tokens) <= cap:
-        return tree
-    probs = list(tree.probs[:cap])
-    return DraftTree(
-        tokens=list(tree.tokens[:cap]),
-        parents=list(tree.parents[:cap]),
-        probs=probs,
-        score=float(sum(probs)),
-        match_len=tree.match_len if cap else 0,
-        origins=list(tree.origins[:cap]),
-    )
+    """``tree`` cut to its first ``cap`` nodes (:meth:`DraftTree.first`)."""
+    return tree.first(cap)

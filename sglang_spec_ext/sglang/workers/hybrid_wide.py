@@ -44,7 +44,6 @@ import torch
 
 from sglang_spec_ext.hybrid.candidate import MODEL, SUFFIX, Candidate
 from sglang_spec_ext.hybrid.wide import Explorer, TokenCost, WideStats, wide_pays
-from sglang_spec_ext.sglang.serving.request_options import cap_tree
 from sglang_spec_ext.sglang.verify.ragged import (
     RaggedForwardTarget,
     RaggedPlan,
@@ -333,10 +332,9 @@ class WideStepsMixin:
     def _fit_width(
         self, packed: PackedRows, trees: list[DraftTree | None], models: list[Candidate | None]
     ) -> None:
-        """Where a winning suffix draft is longer than the model's width: keep it whole
-        (a wide step) where the expected extra accepted tokens pay for the step's extra
-        verify tokens (``hybrid/wide.py``), else cut it to the model's width (and take the
-        model's draft where that is now the better)."""
+        """Where a winning suffix draft (chosen on its cut to the model's width) is longer
+        than that width: keep it whole (a wide step) where the expected extra accepted
+        tokens pay for the step's extra verify tokens (``hybrid/wide.py``), else cut it."""
         width = self._width
         long = [b for b in range(len(trees)) if packed.flags[b] and packed.lens[b] > width - 1]
         if not long:
@@ -345,16 +343,14 @@ class WideStepsMixin:
         bs = len(trees)
         committed, gain, cut = float(bs), 0.0, {}
         for b in range(bs):
-            model = models[b]
-            e_model = est.expected(MODEL, model.score) if model and model.tokens else 0.0
-            tree = trees[b]
+            model, tree = models[b], trees[b]
             if not packed.flags[b]:
-                committed += e_model
+                committed += est.expected(MODEL, model.score) if model and model.tokens else 0.0
             elif b not in long:
                 committed += est.expected(SUFFIX, tree.score)
             else:
-                cut[b] = capped = cap_tree(tree, width - 1)
-                narrow = max(est.expected(SUFFIX, capped.score), e_model)
+                cut[b] = short = tree.first(width - 1)
+                narrow = est.expected(SUFFIX, short.score)
                 committed += narrow
                 gain += max(0.0, est.expected(SUFFIX, tree.score) - narrow)
         stats = self._wide_stats
@@ -371,17 +367,8 @@ class WideStepsMixin:
             stats.wide_rows += len(long)
             return
         stats.capped_rows += len(long)
-        for b, capped in cut.items():
-            model = models[b]
-            if (
-                model is not None
-                and model.tokens
-                and est.expected(MODEL, model.score) > est.expected(SUFFIX, capped.score)
-            ):
-                packed.flags[b] = 0
-                packed.write(b, model.tokens, model.parents)
-            else:
-                packed.write(b, capped.tokens, capped.parents)
+        for b, short in cut.items():
+            packed.write(b, short.tokens, short.parents)
 
     def wide_stats(self) -> dict[str, Any]:
         ragged = {f"wide_{k}": v for k, v in self._ragged_stats.as_dict().items()}

@@ -77,6 +77,13 @@ STATS_LOG_MARK = "sglang-spec-ext hybrid stats: "
 REQUEST_STATE_BOUND = 4096
 
 
+def _cut_and_whole(tree: DraftTree, cut: int) -> tuple[Candidate, Candidate | None]:
+    """The suffix draft cut to ``cut`` nodes as a candidate, and the whole one where longer."""
+    short = tree.first(cut)
+    whole = suffix_candidate(tree) if len(tree) > len(short) else None
+    return suffix_candidate(short), whole
+
+
 class HybridMixin(WideStepsMixin):
     """HYBRID's additions to a host model-draft worker (see the module docstring)."""
 
@@ -199,7 +206,8 @@ class HybridMixin(WideStepsMixin):
             return False
         steps = int(self._draft_worker.speculative_num_steps)
         first = [self._first.get(req.rid) for req in batch.reqs]
-        return suffix_wins_everywhere(self.hybrid.chooser, drafts, first, steps)
+        cut = [None if t is None else t.first(self._width - 1) for t in drafts]  # as chosen
+        return suffix_wins_everywhere(self.hybrid.chooser, cut, first, steps)
 
     def _choose_and_splice(
         self, batch: Any, verify_input: Any, drafted: Any, skipped: bool = False
@@ -292,17 +300,18 @@ class HybridMixin(WideStepsMixin):
             tree = drafts[b] if drafts[b] is not None else DraftTree()
             m_tokens, m_parents = read_tree(host_tokens[b], next_tok[b], next_sib[b])
             p = [self._first.get(req.rid), *step_probs[b].tolist()]
-            model = Candidate(MODEL, m_tokens, m_parents, chain_score(p[: len(m_tokens)]))
+            model = models[b] = Candidate(MODEL, m_tokens, m_parents,
+                                          chain_score(p[: len(m_tokens)]))  # fmt: skip
             packed.tokens[b, 0] = host_tokens[b][0]  # the root: the last committed token
-            suffix = suffix_candidate(tree)
+            # chosen on the suffix draft cut to the model's width (as without wide steps);
+            # the whole draft is what a wide step may verify (hybrid_wide.py)
+            suffix, whole = _cut_and_whole(tree, width - 1)
             cap = max_draft_tokens(req)
             if cap is not None and len(m_tokens) > cap:  # the request's cap: its cut suffix draft
-                self.hybrid.take_suffix(req.rid, committed[b], suffix)
-            elif self.hybrid.choose(req.rid, committed[b], suffix, model) != SUFFIX:
+                self.hybrid.take_suffix(req.rid, committed[b], suffix, whole)
+            elif self.hybrid.choose(req.rid, committed[b], suffix, model, whole) != SUFFIX:
                 packed.write(b, m_tokens, m_parents)
                 continue
-            else:
-                models[b] = model
             packed.flags[b] = 1
             packed.write(b, tree.tokens, tree.parents)
             trees[b] = tree
@@ -318,7 +327,7 @@ class HybridMixin(WideStepsMixin):
         packed = PackedRows(bs, self._pack_width())  # the root stays the host's
         for b, req in enumerate(batch.reqs):
             tree = drafts[b]
-            self.hybrid.take_suffix(req.rid, committed[b], suffix_candidate(tree))
+            self.hybrid.take_suffix(req.rid, committed[b], *_cut_and_whole(tree, self._width - 1))
             packed.write(b, tree.tokens, tree.parents)
         packed.flags[:] = 1
         self._fit_width(packed, list(drafts), [None] * bs)
