@@ -194,12 +194,7 @@ class RaggedTarget:
         finally:
             batch.input_ids, batch.out_cache_loc, spec_info.positions = saved
             setattr(spec_info, LENS_ATTR, None)
-        out = result.logits_output
-        rows = len(plan.lens) * plan.width
-        out.next_token_logits = _scatter_rows(out.next_token_logits, keep, rows)
-        if getattr(out, "hidden_states", None) is not None:
-            out.hidden_states = _scatter_rows(out.hidden_states, keep, rows)
-        return result
+        return _padded(result, plan)
 
 
 class RaggedForwardTarget:
@@ -231,12 +226,18 @@ class RaggedForwardTarget:
         finally:
             fb.input_ids, fb.positions, fb.out_cache_loc, spec_info.positions = saved
             setattr(spec_info, LENS_ATTR, None)
-        out = result.logits_output
-        rows = len(plan.lens) * plan.width
-        out.next_token_logits = _scatter_rows(out.next_token_logits, keep, rows)
-        if getattr(out, "hidden_states", None) is not None:
-            out.hidden_states = _scatter_rows(out.hidden_states, keep, rows)
-        return result
+        return _padded(result, plan)
+
+
+def _padded(result: Any, plan: RaggedPlan) -> Any:
+    """``result`` of a compact forward with its logits (and hidden states) scattered back
+    to the ``bs * W`` padded rows (padding rows zero: unreachable)."""
+    out = result.logits_output
+    rows = len(plan.lens) * plan.width
+    out.next_token_logits = _scatter_rows(out.next_token_logits, plan.keep, rows)
+    if getattr(out, "hidden_states", None) is not None:
+        out.hidden_states = _scatter_rows(out.hidden_states, plan.keep, rows)
+    return result
 
 
 def _scatter_rows(compact: torch.Tensor | None, keep: torch.Tensor, rows: int) -> Any:
