@@ -58,6 +58,14 @@ def suffix_candidate(tree: DraftTree) -> Candidate:
     return Candidate(SUFFIX, tuple(tree.tokens), tuple(tree.parents), tree.score, tree.match_len)
 
 
+def cut_and_whole(tree: DraftTree, cut: int) -> tuple[Candidate, Candidate | None]:
+    """The suffix draft cut to ``cut`` nodes as a candidate (what HYBRID chooses on), and
+    the whole one where longer (what a wide step may verify, ``hybrid_wide.py``)."""
+    short = tree.first(cut)
+    whole = suffix_candidate(tree) if len(tree) > len(short) else None
+    return suffix_candidate(short), whole
+
+
 def suffix_wins_everywhere(
     chooser: HybridChooser, drafts: Sequence[DraftTree | None], first_probs: Sequence[float],
     steps: int,

@@ -61,7 +61,10 @@ from sglang_spec_ext.sglang.serving.server_args import plugin_config
 from sglang_spec_ext.sglang.verify.rows import read_tree, write_trees
 from sglang_spec_ext.sglang.workers.hybrid_commits import CommitLog, StepRows, read_packed
 from sglang_spec_ext.sglang.workers.hybrid_confidence import FirstTokenProbs, ensure_tap
-from sglang_spec_ext.sglang.workers.hybrid_draft import suffix_candidate, suffix_wins_everywhere
+from sglang_spec_ext.sglang.workers.hybrid_draft import (
+    cut_and_whole,
+    suffix_wins_everywhere,
+)
 from sglang_spec_ext.sglang.workers.hybrid_draft_hooks import hook_draft_worker
 from sglang_spec_ext.sglang.workers.hybrid_wide import PackedRows, WideStepsMixin
 from sglang_spec_ext.sglang.workers.suffix_grammar import served_tokenizer_path
@@ -75,13 +78,6 @@ STATS_LOG_MARK = "sglang-spec-ext hybrid stats: "
 #: Per-request records (first-token probabilities, committed tails) beyond which those
 #: of requests absent from the decode batch are dropped (prefilled, never decoded).
 REQUEST_STATE_BOUND = 4096
-
-
-def _cut_and_whole(tree: DraftTree, cut: int) -> tuple[Candidate, Candidate | None]:
-    """The suffix draft cut to ``cut`` nodes as a candidate, and the whole one where longer."""
-    short = tree.first(cut)
-    whole = suffix_candidate(tree) if len(tree) > len(short) else None
-    return suffix_candidate(short), whole
 
 
 class HybridMixin(WideStepsMixin):
@@ -305,7 +301,7 @@ class HybridMixin(WideStepsMixin):
             packed.tokens[b, 0] = host_tokens[b][0]  # the root: the last committed token
             # chosen on the suffix draft cut to the model's width (as without wide steps);
             # the whole draft is what a wide step may verify (hybrid_wide.py)
-            suffix, whole = _cut_and_whole(tree, width - 1)
+            suffix, whole = cut_and_whole(tree, width - 1)
             cap = max_draft_tokens(req)
             if cap is not None and len(m_tokens) > cap:  # the request's cap: its cut suffix draft
                 self.hybrid.take_suffix(req.rid, committed[b], suffix, whole)
@@ -327,7 +323,7 @@ class HybridMixin(WideStepsMixin):
         packed = PackedRows(bs, self._pack_width())  # the root stays the host's
         for b, req in enumerate(batch.reqs):
             tree = drafts[b]
-            self.hybrid.take_suffix(req.rid, committed[b], *_cut_and_whole(tree, self._width - 1))
+            self.hybrid.take_suffix(req.rid, committed[b], *cut_and_whole(tree, self._width - 1))
             packed.write(b, tree.tokens, tree.parents)
         packed.flags[:] = 1
         self._fit_width(packed, list(drafts), [None] * bs)
