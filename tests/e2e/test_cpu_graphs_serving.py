@@ -298,6 +298,9 @@ def test_hybrid_scores_choices_and_output_under_graphs_equal_eager(
         str(weak_draft_dir), *TREE3, "--cuda-graph-bs-decode", *map(str, CAPTURE_BS),
     )  # fmt: skip
     quiet = {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}  # a stats line per decode step
+    # wide steps off: whether a step goes wide follows each server's step timing, so the
+    # two servers' choices would differ there (wide steps under graphs: test_hybrid_wide)
+    quiet["SGLANG_SPEC_EXT_HYBRID_SUFFIX_WIDTH"] = "1"
     graphs = start_server(tiny_model_dir, *args, env={ENV: "1", **quiet})
     eager = start_server(tiny_model_dir, *args, env={ENV: "0", **quiet})
     prompts = [_ids(tok, text) for text in PROMPTS] + [_ids(tok, PROMPTS[0] * 2)]
