@@ -228,12 +228,11 @@ class WideStepsMixin:
             self._resolve_ragged()
         if not self._suffix_trees:
             problem = tree_rows_problem(self)
-            if problem is None:  # before the first decode step: no session to carry over
-                self._suffix_trees = True
-                self._suffix = self._suffix_drafter()
+            self._suffix_trees = problem is None
             logger.info("HYBRID: suffix drafts are %s at --speculative-eagle-topk 1%s",
                         "trees" if problem is None else "chains",
                         "" if problem is None else f": {problem}")  # fmt: skip
+        self._suffix = self._suffix_drafter()
 
     def _resolve_ragged(self) -> None:
         from sglang_spec_ext.sglang.serving.server_args import plugin_config

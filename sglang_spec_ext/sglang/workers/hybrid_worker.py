@@ -61,10 +61,7 @@ from sglang_spec_ext.sglang.serving.server_args import plugin_config
 from sglang_spec_ext.sglang.verify.rows import read_tree, write_trees
 from sglang_spec_ext.sglang.workers.hybrid_commits import CommitLog, StepRows, read_packed
 from sglang_spec_ext.sglang.workers.hybrid_confidence import FirstTokenProbs, ensure_tap
-from sglang_spec_ext.sglang.workers.hybrid_draft import (
-    cut_and_whole,
-    suffix_wins_everywhere,
-)
+from sglang_spec_ext.sglang.workers.hybrid_draft import cut_and_whole, suffix_wins_everywhere
 from sglang_spec_ext.sglang.workers.hybrid_draft_hooks import hook_draft_worker
 from sglang_spec_ext.sglang.workers.hybrid_wide import PackedRows, WideStepsMixin
 from sglang_spec_ext.sglang.workers.suffix_grammar import served_tokenizer_path
@@ -94,7 +91,7 @@ class HybridMixin(WideStepsMixin):
         # wide steps and suffix trees at topk 1: what the target's attention backend allows,
         # known once the host built it (hybrid_wide.py: init_attention_backends)
         self._init_wide(int(config.hybrid_suffix_width), float(config.draft_gate_cost))
-        self._suffix = self._suffix_drafter()
+        self._suffix: Any = None  # built once trees or chains are known (_resolve_wide)
         # the first draft token's confidence, from the draft extend (hybrid_confidence.py)
         self._first = FirstTokenProbs()
         self._choice: list[str] = []
@@ -116,24 +113,25 @@ class HybridMixin(WideStepsMixin):
         self._tap = ensure_tap(self._draft_worker)
         hook_draft_worker(self)  # its draft and draft extends (hybrid_draft_hooks.py)
         logger.info(
-            "HYBRID worker: %s draft, verify width %d, topk %d, steps %d, policy %s, suffix "
-            "drafter backend %s",
+            "HYBRID worker: %s draft, verify width %d, topk %d, steps %d, policy %s",
             type(self).__name__,
             self._width,
             self.topk,
             self.speculative_num_steps,
             config.hybrid_policy,
-            self._suffix.drafter.backend,
         )
 
     def _suffix_drafter(self) -> Any:
-        """The suffix drafter and its sessions (trees or chains: ``_suffix_trees``)."""
+        """The suffix drafter and its sessions: built once (a snapshot keeper's shutdown)."""
         from sglang_spec_ext.sglang.workers.suffix_worker import SuffixWorker
 
-        return SuffixWorker.drafting_only(
+        suffix = SuffixWorker.drafting_only(
             use_tree=self._suffix_trees,
             tokenizer_path=served_tokenizer_path(getattr(self, "server_args", None)),
         )
+        logger.info("HYBRID: suffix drafter backend %s, %s", suffix.drafter.backend,
+                    "trees" if self._suffix_trees else "chains")  # fmt: skip
+        return suffix
 
     # -- what each request committed -----------------------------------------------------
     def _read_host(self, current: list[torch.Tensor]) -> list[np.ndarray]:
