@@ -11,7 +11,12 @@ concurrency level; goodput is output tokens per wall-clock second of the level, 
 here; outputs are compared with plain decoding token for token; verify tokens per step
 (with and without the padding) come from the SUFFIX servers' stats lines.
 
-    .venv/bin/python benchmarks/ragged_smollm2.py [--levels 1,4,16,64] [--rounds 2]
+    .venv/bin/python benchmarks/ragged_smollm2.py [--levels 1,4,16,64] [--rounds 2] [--cold]
+
+By default a server serves the levels in order, so later levels meet text its trees saw
+at earlier ones (warm trees, a fitted step cost). ``--cold`` starts every server afresh for
+each level (results/ragged_smollm2_cold.json): each level is a new server's first traffic,
+the mix as a user first meets it (empty trees, the step cost still the prior's).
 """
 
 from __future__ import annotations
@@ -91,8 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every server again this many times, alternating (the machine's "
                     "noise between servers); figures are means over rounds")  # fmt: skip
-    ap.add_argument("--json", default=str(REPO / "benchmarks/results/ragged_smollm2.json"))
+    ap.add_argument("--cold", action="store_true",
+                    help="a fresh server for every level (default: one per round, levels in "
+                    "order)")  # fmt: skip
+    ap.add_argument("--json", default=None, help="default: results/ragged_smollm2[_cold].json")
     args = ap.parse_args(argv)
+    if args.json is None:
+        name = "ragged_smollm2_cold.json" if args.cold else "ragged_smollm2.json"
+        args.json = str(REPO / "benchmarks/results" / name)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     levels = [int(x) for x in args.levels.split(",")]
     names = [n for n in args.configs.split(",") if n]
@@ -113,23 +124,28 @@ def main(argv: list[str] | None = None) -> int:
     tokens_per_step: dict[str, dict] = {n: {} for n in names}
     bar = tqdm(total=args.rounds * len(names) * len(levels), desc="rounds x servers x levels",
                file=sys.stderr)  # fmt: skip
+    groups = [[c] for c in levels] if args.cold else [levels]  # the levels one server serves
     for _round in range(args.rounds):
         for name in names:
             extra, env = CONFIGS[name]
-            server = serve(model, [*extra, *room], name.replace(" ", "-"))
-            server.env.update(env)
-            with server:
-                run(server, [per_level[levels[0]][0][:8]], 4)  # warm-up
-                for c in levels:
-                    bar.set_postfix_str(f"{name} c={c}")
-                    before = last_stats(server.log_path)
-                    results[name][c].append(run_level(server, per_level[c], c,
-                                                      args.max_new_tokens))  # fmt: skip
-                    tokens_per_step[name][c] = verify_tokens(before, last_stats(server.log_path))
-                    bar.update(1)
-                final_stats = last_stats(server.log_path)
-                if final_stats:
-                    tokens_per_step[name]["final_stats"] = final_stats
+            for group in groups:
+                server = serve(model, [*extra, *room], name.replace(" ", "-"))
+                server.env.update(env)
+                with server:
+                    run(server, [per_level[group[0]][0][:8]], 4)  # warm-up
+                    for c in group:
+                        bar.set_postfix_str(f"{name} c={c}")
+                        before = last_stats(server.log_path)
+                        results[name][c].append(run_level(server, per_level[c], c,
+                                                          args.max_new_tokens))  # fmt: skip
+                        after = last_stats(server.log_path)
+                        tokens_per_step[name][c] = verify_tokens(before, after)
+                        if after:
+                            tokens_per_step[name].setdefault("stats_by_level", {})[c] = after
+                        bar.update(1)
+                    final_stats = last_stats(server.log_path)
+                    if final_stats:
+                        tokens_per_step[name]["final_stats"] = final_stats
     bar.close()
 
     def mean(rows: list[dict], key: str) -> float | None:
@@ -160,19 +176,26 @@ def main(argv: list[str] | None = None) -> int:
         "what": "SmolLM2-135M-Instruct, SGLang CPU engine (fp32, torch_native), greedy, mixed "
         "workload (bench/demo_workloads.mixed_prompts); goodput = output tokens / wall seconds "
         "per level, measured on this machine, servers run one after another (each round "
-        "restarts every server; figures are means over rounds, ratios of means); a server "
-        "serves the levels in order, so later levels meet text its trees saw earlier",
+        "restarts every server; figures are means over rounds, ratios of means); "
+        + (
+            "every level on a fresh server (cold trees, the step cost the prior's)"
+            if args.cold
+            else "a server serves the levels in order, so later levels meet text its trees saw "
+            "earlier"
+        ),
         "machine": machine_info(),
         "parameters": {
             "width": WIDTH,
             "levels": levels,
             "max_new_tokens": args.max_new_tokens,
             "rounds": args.rounds,
+            "cold": args.cold,
             "requests_per_level": {c: len(p) for c, p in per_level.items()},
             "configs": {n: CONFIGS[n] for n in names},
         },  # fmt: skip
         "results": summary,
         "suffix_stats": {n: tokens_per_step[n].get("final_stats") for n in names},
+        "suffix_stats_by_level": {n: tokens_per_step[n].get("stats_by_level") for n in names},
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

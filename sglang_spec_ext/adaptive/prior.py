@@ -302,3 +302,22 @@ def draft_extend_time(params: StepCostParams, tokens: int, requests: int) -> flo
 def step_time(params: StepCostParams, bs: np.ndarray | int, k: np.ndarray | int) -> np.ndarray:
     """``t(bs, k)`` of the roofline formula for physical constants ``params``."""
     return analytic_step_time(params.coefficients(), bs, k, params.zero_step_draft)
+
+
+def ragged_step_costs(params: StepCostParams, bs: int, width: int) -> tuple[float, float, float]:
+    """``(t0, e, b)`` in seconds for a ragged verify step of ``bs`` requests (each verifies
+    its own draft nodes, ``suffix/lengths.py``) from the roofline: ``t0`` the plain decode
+    step, ``e`` what any verify step adds (tree mask, verify, per-request bookkeeping),
+    ``b`` one more verified draft node, the secant of the roofline from no draft node to
+    every request at ``width`` (a node is nearly free while decode is memory-bound, a
+    whole token's matmuls once compute-bound: a CPU at once, a GPU past its knee).
+    Model-free drafts: the draft-model terms are 0."""
+    coeffs = params.coefficients()
+    spec_fixed, per_req = coeffs[1], coeffs[2]
+    bs = max(int(bs), 1)
+    span = bs * max(int(width) - 1, 1)
+    t0 = float(analytic_step_time(coeffs, bs, 0)[0])
+    e = float(spec_fixed + bs * per_req)
+    full = float(analytic_step_time(coeffs, bs, max(int(width) - 1, 1))[0])
+    b = max(full - t0 - e, 0.0) / span
+    return t0, e, b

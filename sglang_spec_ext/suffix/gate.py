@@ -33,6 +33,8 @@ import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+from sglang_spec_ext.adaptive.prior import StepCostParams
+
 from .draft import DraftTree
 from .lengths import NodeCalibration, VerifyCost, match_bucket, trim_trees
 
@@ -41,6 +43,14 @@ SCORE_BIN = 0.5
 SCORE_BINS = 16
 #: Batch-size tiers of the step-time estimates: bs in (2**(i-1), 2**i].
 MAX_TIER = 12
+
+
+#: Ragged verify before the step-cost fit: one step in this many prices draft nodes at
+#: EXPLORE_DISCOUNT of the prior's cost, so that the fit sees verify steps of varied size
+#: even where the prior is pessimistic (the served model's roofline on a CPU charges a
+#: node most of a decode token: a bs-64 step would never verify, and never learn).
+EXPLORE_EVERY = 4
+EXPLORE_DISCOUNT = 0.25
 
 
 def score_bin(score: float) -> int:
@@ -116,10 +126,15 @@ class DraftGate:
     steps_gated: int = 0
     #: Ragged verify (:meth:`trim`): the step-cost fit, and draft nodes drafted / verified.
     cost: VerifyCost | None = None
+    #: the served model's analytic step cost (``VerifyCost.roofline``; None: ``cost_prior``)
+    roofline: StepCostParams | None = None
     nodes: NodeCalibration = field(default_factory=NodeCalibration)
     _drafts: dict[Hashable, DraftTree] = field(default_factory=dict, repr=False)
     nodes_drafted: int = 0
     nodes_verified: int = 0
+    #: ragged steps priced by the prior, and those of them explored (EXPLORE_EVERY)
+    prior_trims: int = 0
+    explored: int = 0
 
     # -- acceptance -----------------------------------------------------------
     def expected(self, tree: DraftTree) -> float:
@@ -233,8 +248,13 @@ class DraftGate:
         :meth:`decide` does, and keeps it whole to label its nodes with what the request
         commits next."""
         if self.cost is None:
-            self.cost = VerifyCost(self.config.cost_prior)
+            self.cost = VerifyCost(self.config.cost_prior, roofline=self.roofline)
         t0, fixed, per_draft = self.cost.step_costs(len(trees), width)
+        if not self.cost.fitted and any(len(t) for t in trees):
+            self.prior_trims += 1
+            if self.prior_trims % EXPLORE_EVERY == 0:
+                self.explored += 1
+                fixed, per_draft = fixed * EXPLORE_DISCOUNT, per_draft * EXPLORE_DISCOUNT
         cut = trim_trees(trees, self.nodes.calibrate, t0, per_draft, fixed)
         drafted = verified = 0
         for rid, full, mine in zip(rids, trees, cut, strict=True):
@@ -284,6 +304,7 @@ class DraftGate:
                 else {
                     "lengths_nodes_drafted": self.nodes_drafted,
                     "lengths_nodes_verified": self.nodes_verified,
+                    "lengths_explored_steps": self.explored,
                     **self.cost.stats(),
                     **self.nodes.stats(),
                 }

@@ -21,8 +21,13 @@ too confident on text it has seen once: a single continuation reads as 1).
 :class:`VerifyCost` learns ``t0``, ``e`` and ``b`` from timed steps: least squares of step
 time on ``(1, bs, [D > 0], D)`` over a bounded window of recent steps; until the window holds both
 plain and verify steps with different ``D`` (or when the fit is degenerate) a prior
-stands in: a verify of every request at the full width costs ``1 + r`` plain steps
-(``r``: the draft gate's ``cost_prior``).
+stands in: the analytic roofline of the served model on its device where the engine gives
+one (``adaptive/prior.py: ragged_step_costs``: on a CPU a verified node costs most of a
+decode token, on a GPU's memory-bound decode next to nothing), else a verify of every
+request at the full width costing ``1 + r`` plain steps (``r``: the draft gate's
+``cost_prior``). A prior that calls verify cheap where it is not makes the first steps of
+a cold server slower than plain decoding (measured on the CPU engine: a bs-64 step
+verifying 200-330 nodes took 3-4 plain steps' time, the ``1 + r`` prior priced it 1.1).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from sglang_spec_ext.adaptive.prior import StepCostParams, ragged_step_costs
 
 from .draft import ORIGINS, SUFFIX_NODE, DraftTree
 
@@ -169,9 +176,13 @@ class VerifyCost:
 
     cost_prior: float = 0.1
     window: int = WINDOW
+    #: the analytic prior's constants for the served model and device (None: ``cost_prior``)
+    roofline: StepCostParams | None = None
     _steps: deque = field(default_factory=deque, repr=False)
     _fit: tuple[float, float, float, float] | None = None  # (a, c, e, b): the last good fit
     _dirty: bool = False
+    #: steps priced by the prior (before the fit): the cold start's length
+    prior_steps: int = 0
 
     def on_step(self, bs: int, drafts: int, seconds: float) -> None:
         """One decode step of ``bs`` requests that verified ``drafts`` draft nodes (0: a
@@ -200,10 +211,18 @@ class VerifyCost:
             return
         self._fit = (a, c, max(e, 0.0), b)
 
+    @property
+    def fitted(self) -> bool:
+        """Whether step costs come from the fit (not the prior)."""
+        if self._dirty:
+            self._refit()
+        return self._fit is not None
+
     def step_costs(self, bs: int, width: int) -> tuple[float, float, float]:
         """``(t0(bs), e, b)``: the plain step's time, a verify step's extra fixed cost and
-        one verified draft node's, in the fit's seconds, or from the prior in units of
-        the plain step (``t0 = 1``, ``e = 0``)."""
+        one verified draft node's, in the fit's seconds, else the roofline prior's
+        seconds, else from ``cost_prior`` in units of the plain step (``t0 = 1``,
+        ``e = 0``)."""
         if self._dirty:
             self._refit()
         if self._fit is not None:
@@ -211,6 +230,9 @@ class VerifyCost:
             t0 = a + c * bs
             if t0 > 0:
                 return t0, e, b
+        self.prior_steps += 1
+        if self.roofline is not None:
+            return ragged_step_costs(self.roofline, bs, width)
         return 1.0, 0.0, self.cost_prior / max(bs * max(width - 1, 1), 1)
 
     def stats(self) -> dict[str, object]:
@@ -225,6 +247,7 @@ class VerifyCost:
                 "b_ms": round(fit[3] * 1e3, 4),
             },  # fmt: skip
             "lengths_cost_steps": len(self._steps),
+            "lengths_prior_steps": self.prior_steps,
         }
 
 

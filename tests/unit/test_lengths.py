@@ -183,3 +183,51 @@ def test_gate_trim_to_nothing_walks_the_draft():
     tree = _chain([0.5, 0.4])
     assert len(gate.trim(["r"], [tree], width=8)[0]) == 0
     assert gate.steps_gated == 1 and "r" in gate._walks
+
+
+def _cpu_smollm2_roofline():
+    from sglang_spec_ext.adaptive.prior import PRESETS, ModelSizes, sized_prior
+
+    return sized_prior(PRESETS["llama3-8b-h100"], ModelSizes("cpu", 1.35e8, 5.4e8, 46080.0))
+
+
+def test_roofline_prior_prices_a_node_by_the_device():
+    """A CPU's verify is compute-bound at once: a draft node costs most of a request's
+    share of a plain step; an H100's memory-bound decode takes nodes nearly free."""
+    from sglang_spec_ext.adaptive.prior import PRESETS, ragged_step_costs
+
+    for bs in (16, 64):
+        t0, e, b = ragged_step_costs(_cpu_smollm2_roofline(), bs, 16)
+        assert 0 < e < t0 and 0.5 < b / (t0 / bs) <= 1.0
+        t0, e, b = ragged_step_costs(PRESETS["llama3-8b-h100"], bs, 16)
+        assert 0 < e < t0 and b / (t0 / bs) < 0.1
+    cost = VerifyCost(cost_prior=0.1, roofline=_cpu_smollm2_roofline())
+    assert cost.step_costs(64, 16) == ragged_step_costs(cost.roofline, 64, 16)
+    assert not cost.fitted and cost.stats()["lengths_prior_steps"] == 1
+
+
+def test_a_pessimistic_prior_still_explores_until_the_fit_takes_over():
+    """Under a CPU roofline a bs-64 batch of likely (0.9) drafts never pays for its
+    nodes, so without exploration the fit would never see a verify step. One prior-priced
+    step in EXPLORE_EVERY verifies at a discount; once the fit holds plain and verify
+    steps it prices every step (here: nodes nearly free, so every step verifies)."""
+    from sglang_spec_ext.suffix.gate import EXPLORE_EVERY
+
+    gate = DraftGate(GateConfig(), roofline=_cpu_smollm2_roofline())
+    rids = [f"r{i}" for i in range(64)]
+    verified_steps = []
+    for step in range(MIN_STEPS + EXPLORE_EVERY):
+        trees = [_chain([0.9, 0.8, 0.7], match_len=4) for _ in rids]
+        cut = gate.trim(rids, trees, width=16)
+        d = sum(len(t) for t in cut)
+        verified_steps.append(d > 0)
+        gate.on_step_time(64, d > 0, 0.3 + (0.01 + 0.0001 * d if d else 0.0), d)
+    assert gate.explored >= 1 and sum(verified_steps) == gate.explored
+    assert all(verified_steps[i] == ((i + 1) % EXPLORE_EVERY == 0) for i in range(MIN_STEPS))
+    gate.cost.on_step(64, 7, 0.3107)  # a second verify size: the fit is identified
+    assert gate.cost.fitted
+    cut = gate.trim(rids, [_chain([0.9, 0.8, 0.7], match_len=4) for _ in rids], width=16)
+    assert (
+        sum(len(t) for t in cut) == 3 * 64
+        and gate.explored == gate.stats()["lengths_explored_steps"]
+    )

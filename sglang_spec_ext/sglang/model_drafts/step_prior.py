@@ -18,7 +18,13 @@ from typing import Any
 
 from sglang_spec_ext.adaptive import AdaptiveConfig
 from sglang_spec_ext.adaptive.config import CHAIN_DEFAULTS
-from sglang_spec_ext.adaptive.prior import PRESETS, SIZED_FIELDS, ModelSizes, sized_prior
+from sglang_spec_ext.adaptive.prior import (
+    PRESETS,
+    SIZED_FIELDS,
+    ModelSizes,
+    StepCostParams,
+    sized_prior,
+)
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -103,6 +109,20 @@ def _runner_sizes(runner: Any) -> tuple[float, float, float]:
     itemsize = getattr(getattr(runner, "kv_cache_dtype", None), "itemsize", None) or 2
     kv = float(mc.num_attention_layers * kv_heads * mc.head_dim * 2 * itemsize)
     return params, nbytes, kv
+
+
+def served_roofline(runner: Any) -> StepCostParams | None:
+    """The analytic step-cost prior (the H100 preset's shape) sized to the target served
+    by ``runner`` with no draft model, with a CPU's device constants on the CPU engine:
+    the ragged verify gate's prior before it has timed steps (``suffix/lengths.py``).
+    ``None`` where the runner is not where SGLang 0.5.23 keeps it."""
+    try:
+        params, nbytes, kv = _runner_sizes(runner)
+        device = str(getattr(runner, "device", "cuda"))
+    except Exception as exc:  # noqa: BLE001 - a missing attribute must not stop the server
+        logger.warning("sglang-spec-ext: model sizes unavailable (%s); unsized cost prior", exc)
+        return None
+    return sized_prior(PRESETS["llama3-8b-h100"], ModelSizes(device, params, nbytes, kv))
 
 
 def _size(nbytes: float) -> str:

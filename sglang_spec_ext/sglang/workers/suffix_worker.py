@@ -37,6 +37,7 @@ from sglang.srt.runtime_context import get_device, get_schedule, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
+from sglang_spec_ext.sglang.model_drafts.step_prior import served_roofline
 from sglang_spec_ext.sglang.serving.external_corpus import CorpusStore
 from sglang_spec_ext.sglang.serving.request_options import cap_tree, max_draft_tokens
 from sglang_spec_ext.sglang.serving.server_args import plugin_config
@@ -155,6 +156,8 @@ class SuffixWorker(
             if (self.USES_DRAFT_GATE and config.draft_gate and config.plain_steps)
             else None
         )
+        if self._gate is not None:  # ragged lengths' cost prior: the served model's roofline
+            self._gate.roofline = served_roofline(self.model_runner)
         # (bs, verified, start, draft nodes verified) of the last decode step
         self._gate_step: tuple[int, bool, float, int] | None = None
         self._step_drafts = 0
