@@ -8,6 +8,8 @@ tests/e2e/test_model_draft_adaptive_serving.py runs the real worker on CPU)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from sglang.srt.speculative.adaptive_runtime_state import (
@@ -287,3 +289,26 @@ def test_an_mtp_draft_is_its_own_kind_with_the_mtp_prior(tmp_path, monkeypatch):
     cfg = step_prior.controller_config("mtp", 3)
     assert cfg.cost_preset == "llama3-8b-h100-mtp"
     assert cfg.cost_params().draft_weight_bytes == pytest.approx(1.554e9)
+
+
+def test_ragged_verify_prior_is_the_served_targets_roofline():
+    """SUFFIX's ragged gate prices steps before its fit by the target's roofline: sized
+    from a model runner as the host keeps it (parameters, KV geometry, device)."""
+    import torch
+
+    from sglang_spec_ext.adaptive.prior import CPU_DEVICE
+
+    class Config:
+        num_attention_layers, head_dim = 30, 64
+
+        def get_num_kv_heads(self, tp_size):
+            return 3 // tp_size
+
+    runner = SimpleNamespace(model=torch.nn.Linear(576, 1000), model_config=Config(),
+                             tp_size=1, kv_cache_dtype=torch.float32, device="cpu")  # fmt: skip
+    params = step_prior.served_roofline(runner)
+    assert params.weight_bytes == 577_000 * 4 and params.flops_per_token == 2 * 577_000
+    assert params.kv_bytes_per_token == 30 * 3 * 64 * 2 * 4
+    assert params.fixed_s == CPU_DEVICE["fixed_s"] and params.draft_weight_bytes == 0
+    assert step_prior.served_roofline(None) is None
+    assert step_prior.served_roofline(SimpleNamespace(model=None)) is None  # warns, no failure

@@ -17,7 +17,10 @@ partner skipped fails the test with an error instead of hanging it. Covered:
 * SUFFIX drafts when the first rank's drafting raises (every rank plain-decodes the step),
   and whether a step has no draft at all (a plain decode step), the draft gate's
   verify-or-plain call included: the first rank's call;
-* the draft-KV repair when one rank cannot prepare it (no rank runs the forward).
+* the draft-KV repair when one rank cannot prepare it (no rank runs the forward);
+* grammar-shaped SUFFIX drafts (ragged lengths on) when the ranks' shaping disagrees
+  (one rank's matcher a token behind) or fails on one rank: the drafts and verify
+  lengths are the first rank's.
 """
 
 from __future__ import annotations
@@ -310,6 +313,92 @@ def test_suffix_fault_on_either_rank_never_skips_the_broadcast(tmp_path):
     assert r0["gate_verifies_on_rank1"] == r1["gate_verifies_on_rank1"]
     assert r0["gate_verifies_on_rank1"][1] is True  # plain on both ranks
     assert r0["gate_verifies_on_rank1"][0] == tokens  # roots only, as a plain step
+
+
+# -- grammar-shaped drafts: the ranks' shaping disagrees -----------------------------
+def _suffix_grammar_rank(rank: int, group) -> dict:
+    """Each rank shapes its requests' drafts with its own grammar matcher (the host
+    advances each rank's FSM itself: ``grammar_barrier`` per scheduler). Stand-ins for
+    the shaping (``GrammarDrafts``; its real xgrammar work is tests/unit/
+    test_grammar_shaping.py and tests/e2e/test_grammar_drafts.py): rank 0 drafts a
+    forced closing string after each suffix draft; rank 1, whose matcher is a token
+    behind, cuts every draft to nothing, then its shaping raises."""
+    from sglang_spec_ext.sglang.verify.ragged import RaggedVerify
+    from sglang_spec_ext.sglang.workers.suffix_worker import SuffixWorker
+    from sglang_spec_ext.sglang.workers.tp_sync import TpSync
+    from sglang_spec_ext.suffix.draft import DraftTree
+
+    class Batch:
+        spec_info = None
+        has_grammar = True
+
+        def __init__(self, reqs):
+            self.reqs = reqs
+
+        def grammar_needs_sync(self):
+            return False
+
+    reqs = [
+        SimpleNamespace(
+            rid=f"g{i}",
+            origin_input_ids_unpadded=[5, 6, 7, 5, 6, 7, 5, 6],
+            output_ids=[7, 5, 6 + i],
+        )  # fmt: skip
+        for i in range(3)
+    ]
+    os.environ["SGLANG_SPEC_EXT_DRAFT_GATE"] = "0"
+    w = object.__new__(SuffixWorker)
+    w.draft_token_num = 8
+    w.enable_overlap = False
+    w._init_drafter()
+    w._tp_sync = TpSync(group, src=0)
+    w._ragged = RaggedVerify()
+    forced = [90, 91]  # e.g. '"}' then the stop token: what the grammar admits alone
+
+    def shape_rank0(reqs, trees, slots, matchers, prevs):
+        out = []
+        for tree in trees:  # the first slots - 2 nodes (a tree), the forced pair below
+            n = min(len(tree.tokens), slots - 2)
+            tokens = list(tree.tokens[:n]) + forced
+            parents = list(tree.parents[:n]) + [n - 1, n]
+            probs = list(tree.probs[:n]) + [1.0, 1.0]
+            out.append(DraftTree(tokens, parents, probs, sum(probs), tree.match_len))
+        return out
+
+    def shape_rank1_stale(reqs, trees, slots, matchers, prevs):
+        return [DraftTree() for _ in trees]
+
+    def shape_rank1_raises(reqs, trees, slots, matchers, prevs):
+        raise RuntimeError("injected: rank 1's grammar matcher failed")
+
+    w._grammar.matcher_of = lambda req, prev=(): object()  # every request has a grammar
+    out = {}
+    for case, rank1 in (("stale", shape_rank1_stale), ("raises", shape_rank1_raises)):
+        w._grammar.shape_batch = shape_rank0 if rank == 0 else rank1
+        tokens, mask = w._prepare_draft_tokens(Batch(reqs))
+        lens = w._ragged.pending_lens(len(reqs), w.draft_token_num).tolist()
+        out[case] = [tokens.tolist(), mask.astype(int).tolist(), lens, w._step_empty]
+    w._grammar.shape_batch = shape_rank0
+    del w._tp_sync  # what this rank would have verified alone
+    w._tp_sync = None
+    tokens, mask = w._prepare_draft_tokens(Batch(reqs))
+    out["own"] = [tokens.tolist(), w._ragged.pending_lens(len(reqs), 8).tolist()]
+    out["faults"] = dict(w._faults)
+    return out
+
+
+def test_grammar_shaped_drafts_and_lengths_are_the_first_ranks(tmp_path):
+    r0, r1 = _run_two_ranks(_suffix_grammar_rank, tmp_path)
+    for case in ("stale", "raises"):
+        assert r0[case] == r1[case], case
+        tokens, _mask, lens, empty = r0[case]
+        assert tokens == r0["own"][0] and lens == r0["own"][1] and empty is False
+    tokens, lens = r0["own"]
+    assert all(n >= 3 for n in lens)  # root (+ suffix draft) + the forced string
+    for i in range(3):  # each request's row ends in the forced string
+        row = tokens[8 * i : 8 * i + lens[i]]
+        assert row[-2:] == [90, 91], row
+    assert r1["faults"].get("prepare") == 1 and not r0["faults"].get("prepare")
 
 
 # -- the draft-KV repair: one rank cannot prepare it ----------------------------------

@@ -216,7 +216,7 @@ def test_a_pessimistic_prior_still_explores_until_the_fit_takes_over():
     gate = DraftGate(GateConfig(), roofline=_cpu_smollm2_roofline())
     rids = [f"r{i}" for i in range(64)]
     verified_steps = []
-    for step in range(MIN_STEPS + EXPLORE_EVERY):
+    for _step in range(MIN_STEPS + EXPLORE_EVERY):
         trees = [_chain([0.9, 0.8, 0.7], match_len=4) for _ in rids]
         cut = gate.trim(rids, trees, width=16)
         d = sum(len(t) for t in cut)

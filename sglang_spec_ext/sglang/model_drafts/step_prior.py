@@ -115,7 +115,9 @@ def served_roofline(runner: Any) -> StepCostParams | None:
     """The analytic step-cost prior (the H100 preset's shape) sized to the target served
     by ``runner`` with no draft model, with a CPU's device constants on the CPU engine:
     the ragged verify gate's prior before it has timed steps (``suffix/lengths.py``).
-    ``None`` where the runner is not where SGLang 0.5.23 keeps it."""
+    ``None`` where the runner is not where SGLang 0.5.23 keeps it (or there is none)."""
+    if runner is None:
+        return None
     try:
         params, nbytes, kv = _runner_sizes(runner)
         device = str(getattr(runner, "device", "cuda"))

@@ -157,7 +157,7 @@ class SuffixWorker(
             else None
         )
         if self._gate is not None:  # ragged lengths' cost prior: the served model's roofline
-            self._gate.roofline = served_roofline(self.model_runner)
+            self._gate.roofline = served_roofline(getattr(self, "model_runner", None))
         # (bs, verified, start, draft nodes verified) of the last decode step
         self._gate_step: tuple[int, bool, float, int] | None = None
         self._step_drafts = 0
