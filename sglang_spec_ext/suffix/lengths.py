@@ -205,9 +205,13 @@ class VerifyCost:
             return  # no plain steps, or D never varied: not identifiable, keep what we had
         cols = [np.ones_like(bs), verify, drafts] + ([bs] if np.ptp(bs) > 0 else [])
         coef, *_ = np.linalg.lstsq(np.stack(cols, axis=1), t, rcond=None)
+        if coef[2] < 0:  # flat in D, the slope noise (a CPU at bs 1: one GEMM block):
+            del cols[2]  # b = 0, the rest fitted without it
+            coef, *_ = np.linalg.lstsq(np.stack(cols, axis=1), t, rcond=None)
+            coef = np.insert(coef, 2, 0.0)
         a, e, b = float(coef[0]), float(coef[1]), float(coef[2])
         c = float(coef[3]) if len(coef) > 3 else 0.0
-        if b <= 0 or not np.isfinite(coef).all():
+        if not np.isfinite(coef).all() or a + c * bs.min() <= 0:
             return
         self._fit = (a, c, max(e, 0.0), b)
 

@@ -231,3 +231,18 @@ def test_a_pessimistic_prior_still_explores_until_the_fit_takes_over():
         sum(len(t) for t in cut) == 3 * 64
         and gate.explored == gate.stats()["lengths_explored_steps"]
     )
+
+
+def test_verify_cost_flat_in_draft_nodes_fits_a_zero_slope():
+    """On the CPU engine at bs 1 a verify step costs the same for 1 or 15 draft nodes
+    (one GEMM block): the fitted slope comes out around 0, now and then below it. A
+    negative slope is noise: the fit takes b = 0 rather than keeping the prior (which
+    priced a node at 15 ms there and held for a whole run)."""
+    rng = random.Random(1)
+    cost = VerifyCost(cost_prior=0.1, roofline=_cpu_smollm2_roofline())
+    for _ in range(MIN_STEPS * 4):
+        d = rng.choice([0, rng.randint(1, 15)])
+        cost.on_step(1, d, 0.048 + (0.039 if d else 0.0) - 0.0001 * d + rng.gauss(0, 1e-4))
+    assert cost.fitted
+    t0, e, b = cost.step_costs(1, 16)
+    assert b == 0.0 and t0 == pytest.approx(0.048, abs=2e-3) and e == pytest.approx(0.038, abs=3e-3)
