@@ -150,7 +150,8 @@ FIELDS: tuple[Field, ...] = (
         float,
         0.1,
         "the draft gate's verify extra cost over a plain step (t_verify / t_plain - 1) until "
-        "both kinds of step were timed at a batch size",
+        "both kinds of step were timed at a batch size (ragged verify prices its first steps "
+        "by the served model's roofline instead, where the model runner gives its sizes)",
         0.0,
         100.0,
     ),

@@ -214,27 +214,30 @@ def test_hybrid_wide_step_width_and_rows_are_the_first_ranks(tmp_path):
 
 
 # -- SUFFIX: the first rank cannot draft ----------------------------------------------
+class _SuffixBatch:
+    """What SUFFIX's draft preparation reads of a decode batch."""
+
+    spec_info = None
+
+    def __init__(self, reqs):
+        self.reqs = reqs
+
+    def grammar_needs_sync(self):
+        return False
+
+
+def _suffix_reqs(prefix: str, n: int) -> list[SimpleNamespace]:
+    """``n`` requests on a repeating prompt (the suffix trees draft for them)."""
+    return [SimpleNamespace(rid=f"{prefix}{i}", origin_input_ids_unpadded=[5, 6, 7, 5, 6, 7, 5, 6],
+                            output_ids=[7, 5, 6 + i]) for i in range(n)]  # fmt: skip
+
+
 def _suffix_rank(rank: int, group) -> dict:
     from sglang_spec_ext.sglang.workers.suffix_worker import SuffixWorker
     from sglang_spec_ext.sglang.workers.tp_sync import TpSync
 
-    class Batch:
-        spec_info = None
-
-        def __init__(self, reqs):
-            self.reqs = reqs
-
-        def grammar_needs_sync(self):
-            return False
-
-    reqs = [
-        SimpleNamespace(
-            rid=f"r{i}",
-            origin_input_ids_unpadded=[5, 6, 7, 5, 6, 7, 5, 6],
-            output_ids=[7, 5, 6 + i],
-        )  # fmt: skip
-        for i in range(2)
-    ]
+    Batch = _SuffixBatch
+    reqs = _suffix_reqs("r", 2)
 
     def worker() -> SuffixWorker:
         w = object.__new__(SuffixWorker)
@@ -328,24 +331,10 @@ def _suffix_grammar_rank(rank: int, group) -> dict:
     from sglang_spec_ext.sglang.workers.tp_sync import TpSync
     from sglang_spec_ext.suffix.draft import DraftTree
 
-    class Batch:
-        spec_info = None
+    class Batch(_SuffixBatch):
         has_grammar = True
 
-        def __init__(self, reqs):
-            self.reqs = reqs
-
-        def grammar_needs_sync(self):
-            return False
-
-    reqs = [
-        SimpleNamespace(
-            rid=f"g{i}",
-            origin_input_ids_unpadded=[5, 6, 7, 5, 6, 7, 5, 6],
-            output_ids=[7, 5, 6 + i],
-        )  # fmt: skip
-        for i in range(3)
-    ]
+    reqs = _suffix_reqs("g", 3)
     os.environ["SGLANG_SPEC_EXT_DRAFT_GATE"] = "0"
     w = object.__new__(SuffixWorker)
     w.draft_token_num = 8
