@@ -132,9 +132,13 @@ class DraftGate:
     _drafts: dict[Hashable, DraftTree] = field(default_factory=dict, repr=False)
     nodes_drafted: int = 0
     nodes_verified: int = 0
-    #: ragged steps priced by the prior, and those of them explored (EXPLORE_EVERY)
+    #: ragged steps with a draft priced by the prior (every EXPLORE_EVERY-th explored)
     prior_trims: int = 0
-    explored: int = 0
+
+    @property
+    def explored(self) -> int:
+        """Prior-priced ragged steps that were explored (:data:`EXPLORE_EVERY`)."""
+        return self.prior_trims // EXPLORE_EVERY
 
     # -- acceptance -----------------------------------------------------------
     def expected(self, tree: DraftTree) -> float:
@@ -253,7 +257,6 @@ class DraftGate:
         if not self.cost.fitted and any(len(t) for t in trees):
             self.prior_trims += 1
             if self.prior_trims % EXPLORE_EVERY == 0:
-                self.explored += 1
                 fixed, per_draft = fixed * EXPLORE_DISCOUNT, per_draft * EXPLORE_DISCOUNT
         cut = trim_trees(trees, self.nodes.calibrate, t0, per_draft, fixed)
         drafted = verified = 0

@@ -368,8 +368,7 @@ def _suffix_grammar_rank(rank: int, group) -> dict:
         lens = w._ragged.pending_lens(len(reqs), w.draft_token_num).tolist()
         out[case] = [tokens.tolist(), mask.astype(int).tolist(), lens, w._step_empty]
     w._grammar.shape_batch = shape_rank0
-    del w._tp_sync  # what this rank would have verified alone
-    w._tp_sync = None
+    w._tp_sync = None  # what this rank would have verified alone
     tokens, mask = w._prepare_draft_tokens(Batch(reqs))
     out["own"] = [tokens.tolist(), w._ragged.pending_lens(len(reqs), 8).tolist()]
     out["faults"] = dict(w._faults)
