@@ -49,6 +49,9 @@ CONFIGS = {
         {**STATS, "SGLANG_SPEC_EXT_ADAPTIVE": "1", "SGLANG_SPEC_EXT_RAGGED_VERIFY": "0"},
     ),
     "SUFFIX ragged": (SUFFIX, STATS),
+    # The gate's node probabilities as calibrated, not weighed by what verified drafts
+    # realised of what was expected (SGLANG_SPEC_EXT_DRAFT_GATE_REALISED=0).
+    "SUFFIX ragged unscaled": (SUFFIX, {**STATS, "SGLANG_SPEC_EXT_DRAFT_GATE_REALISED": "0"}),
     # Without the draft gate: every draft verified whole (not in the default run).
     "SUFFIX padded ungated": (
         SUFFIX,
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             v = summary[name][c]
             vt = v["verify_tokens_per_step"]
             vts = f"{vt['verified']:.1f} of {vt['padded']:.1f}" if vt else "-"
-            print(f"  {name:<16}{v['goodput_tok_s']:>9.1f} ({v['vs_plain']:.2f}x) "
+            print(f"  {name:<23}{v['goodput_tok_s']:>9.1f} ({v['vs_plain']:.2f}x) "
                   f"[{(v['accept_length'] or 1):.2f}] {{{vts}}} "
                   f"{'identical' if v['identical_to_plain'] else 'DIFFERENT'}")  # fmt: skip
     print(f"JSON: {args.json}")

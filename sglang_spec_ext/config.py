@@ -133,6 +133,7 @@ class PluginConfig:
     plain_steps: bool = True
     draft_gate: bool = True
     draft_gate_cost: float = 0.1
+    draft_gate_realised: bool = True
     ragged_verify: bool = True
     grammar_drafts: bool = True
     grammar_draft_ms: float = 20.0

@@ -156,6 +156,15 @@ FIELDS: tuple[Field, ...] = (
         100.0,
     ),
     Field(
+        "draft_gate_realised",
+        bool,
+        True,
+        "ragged verify: weigh draft nodes' calibrated acceptance by what recently verified "
+        "drafts accepted of what was expected of them (the batch's most probable nodes are "
+        "the ones whose estimate erred high) (sglang_spec_ext/suffix/lengths.py: "
+        "RealisedRatio); False: as calibrated",
+    ),
+    Field(
         "ragged_verify",
         bool,
         True,

@@ -36,7 +36,13 @@ from dataclasses import dataclass, field
 from sglang_spec_ext.adaptive.prior import StepCostParams
 
 from .draft import DraftTree
-from .lengths import NodeCalibration, VerifyCost, match_bucket, trim_trees
+from .lengths import (
+    NodeCalibration,
+    RealisedRatio,
+    VerifyCost,
+    match_bucket,
+    trim_trees_expected,
+)
 
 #: Raw-score bins: width in expected tokens, and the number of bins (the last is open).
 SCORE_BIN = 0.5
@@ -75,6 +81,9 @@ class GateConfig:
     prior_weight: float = 4.0
     min_timings: int = 4
     ema: float = 0.1
+    #: ragged verify: weigh node probabilities by what verified drafts realised of what
+    #: was expected of them (``lengths.RealisedRatio``); False: as calibrated
+    realised_scale: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.cost_prior <= 100.0:
@@ -134,6 +143,9 @@ class DraftGate:
     nodes_verified: int = 0
     #: ragged steps with a draft priced by the prior (every EXPLORE_EVERY-th explored)
     prior_trims: int = 0
+    #: ragged verify: accepted against expected tokens of the verified drafts
+    realised: RealisedRatio = field(default_factory=RealisedRatio)
+    _expected: dict[Hashable, float] = field(default_factory=dict, repr=False)
 
     @property
     def explored(self) -> int:
@@ -176,9 +188,13 @@ class DraftGate:
         if draft is not None:  # ragged verify: label the whole draft's nodes
             self.nodes.observe(draft, tokens)
         verified = self._verified.pop(rid, None)
+        expected = self._expected.pop(rid, None)
         if verified is not None:
             cell, size, raw, whole = verified
-            self._observe(cell, raw, max(0, min(len(tokens) - 1, size)), whole)
+            accepted = max(0, min(len(tokens) - 1, size))
+            self._observe(cell, raw, accepted, whole)
+            if expected is not None:
+                self.realised.observe(expected, accepted)
         walk = self._walks.get(rid)
         if walk is None:
             return
@@ -196,6 +212,7 @@ class DraftGate:
 
     def forget(self, rid: Hashable) -> None:
         self._verified.pop(rid, None)
+        self._expected.pop(rid, None)
         self._drafts.pop(rid, None)
         self._walks.pop(rid, None)
 
@@ -258,10 +275,14 @@ class DraftGate:
             self.prior_trims += 1
             if self.prior_trims % EXPLORE_EVERY == 0:
                 fixed, per_draft = fixed * EXPLORE_DISCOUNT, per_draft * EXPLORE_DISCOUNT
-        cut = trim_trees(trees, self.nodes.calibrate, t0, per_draft, fixed)
+        scale = self.realised.scale if self.config.realised_scale else 1.0
+        cut, expected = trim_trees_expected(
+            trees, self.nodes.calibrate, t0, per_draft, fixed, scale
+        )
         drafted = verified = 0
-        for rid, full, mine in zip(rids, trees, cut, strict=True):
+        for rid, full, mine, exp in zip(rids, trees, cut, expected, strict=True):
             self._verified.pop(rid, None)
+            self._expected.pop(rid, None)
             self._drafts.pop(rid, None)
             if not len(full):
                 continue
@@ -271,6 +292,7 @@ class DraftGate:
             cell = (match_bucket(full.match_len), score_bin(full.score))
             if len(mine):
                 self._verified[rid] = (cell, len(mine), _raw(mine), len(mine) == len(full))
+                self._expected[rid] = exp
             elif rid not in self._walks:
                 self._walks[rid] = _walk(cell, full)
         self.nodes_drafted += drafted
@@ -310,6 +332,7 @@ class DraftGate:
                     "lengths_explored_steps": self.explored,
                     **self.cost.stats(),
                     **self.nodes.stats(),
+                    **self.realised.stats(),
                 }
             ),
         }

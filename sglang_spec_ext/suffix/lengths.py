@@ -255,6 +255,48 @@ class VerifyCost:
         }
 
 
+@dataclass
+class RealisedRatio:
+    """Accepted tokens of verified drafts against what the calibration expected of them.
+
+    :class:`NodeCalibration` is calibrated over every labelled node, but a step verifies
+    the batch's *most* probable ones, and a top-``k`` choice over noisy estimates picks
+    those whose estimate erred high (the winner's curse): where nodes are near the cost
+    line (a large batch on a CPU, a cold server's thin cells) the verified nodes then
+    accept less than the step was priced for, and the step is slower than plain decoding.
+    The ratio, decayed over recent drafts, scales the probabilities the next choices
+    weigh (:func:`trim_trees_expected`), clipped to ``[low, high]``; ``prior`` expected
+    tokens of agreement (ratio 1) stand in before evidence."""
+
+    decay: float = 0.995
+    prior: float = 16.0
+    low: float = 0.25
+    high: float = 1.5
+    expected: float = 0.0
+    realised: float = 0.0
+    drafts: int = 0
+
+    def observe(self, expected: float, realised: int) -> None:
+        """One verified draft: its expected and its accepted draft tokens."""
+        if not (expected >= 0 and np.isfinite(expected)):
+            return
+        self.expected = self.expected * self.decay + expected
+        self.realised = self.realised * self.decay + max(int(realised), 0)
+        self.drafts += 1
+
+    @property
+    def ratio(self) -> float:
+        return (self.realised + self.prior) / (self.expected + self.prior)
+
+    @property
+    def scale(self) -> float:
+        return float(min(max(self.ratio, self.low), self.high))
+
+    def stats(self) -> dict[str, object]:
+        return {"lengths_realised_over_expected": round(self.ratio, 3),
+                "lengths_realised_drafts": self.drafts}  # fmt: skip
+
+
 def best_count(probs: np.ndarray, bs: int, t0: float, b: float, e: float = 0.0) -> int:
     """How many of ``probs`` (sorted descending) maximise ``(bs + S_k) / (t0 + e + b k)``
     (``bs / t0`` for none)."""
@@ -277,11 +319,26 @@ def trim_trees(
     ``calibrate(tree)`` gives each node's acceptance probability, never above its
     parent's (e.g. :meth:`NodeCalibration.calibrate`); trees without probabilities are
     left whole."""
+    return trim_trees_expected(trees, calibrate, t0, b, e)[0]
+
+
+def trim_trees_expected(
+    trees: Sequence[DraftTree],
+    calibrate: Callable[[DraftTree], np.ndarray],
+    t0: float,
+    b: float,
+    e: float = 0.0,
+    scale: float = 1.0,
+) -> tuple[list[DraftTree], list[float]]:
+    """:func:`trim_trees`, and each cut tree's expected accepted tokens (the calibrated
+    probabilities of its kept nodes, summed). ``scale`` multiplies the probabilities the
+    choice weighs (capped at 1; the expected sums stay unscaled): what requests realised
+    against what was expected of the nodes chosen before (:class:`RealisedRatio`)."""
     bs = len(trees)
     sizes = [len(t) for t in trees]
     total = sum(sizes)
     if total == 0:
-        return list(trees)
+        return list(trees), [0.0] * bs
     probs = np.empty(total, dtype=np.float64)
     owner = np.repeat(np.arange(bs), sizes)
     start = 0
@@ -293,16 +350,18 @@ def trim_trees(
         start += n
     index = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     order = np.lexsort((index, owner, -probs))  # most probable first; parents first on ties
-    k = best_count(probs[order], bs, t0, b, e)
+    weighed = probs[order] if scale == 1.0 else np.minimum(probs[order] * scale, 1.0)
+    k = best_count(weighed, bs, t0, b, e)
     chosen = np.zeros(total, dtype=bool)
     chosen[order[:k]] = True
+    expected = np.bincount(owner, weights=np.where(chosen, probs, 0.0), minlength=bs)
     out: list[DraftTree] = []
     start = 0
     for tree, n in zip(trees, sizes, strict=True):
         keep = chosen[start : start + n]
         start += n
         out.append(tree if keep.all() else _subtree(tree, keep))
-    return out
+    return out, [float(x) for x in expected]
 
 
 def _subtree(tree: DraftTree, keep: np.ndarray) -> DraftTree:

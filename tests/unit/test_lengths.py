@@ -14,11 +14,13 @@ from sglang_spec_ext.suffix.gate import DraftGate, GateConfig
 from sglang_spec_ext.suffix.lengths import (
     MIN_STEPS,
     NodeCalibration,
+    RealisedRatio,
     VerifyCost,
     _subtree,
     best_count,
     conditional_probs,
     trim_trees,
+    trim_trees_expected,
 )
 
 
@@ -246,3 +248,50 @@ def test_verify_cost_flat_in_draft_nodes_fits_a_zero_slope():
     assert cost.fitted
     t0, e, b = cost.step_costs(1, 16)
     assert b == 0.0 and t0 == pytest.approx(0.048, abs=2e-3) and e == pytest.approx(0.038, abs=3e-3)
+
+
+def test_trim_reports_each_cut_drafts_expected_tokens_and_weighs_by_the_scale():
+    trees = [_chain([0.9, 0.8, 0.5, 0.1]), _chain([0.3, 0.2]), DraftTree()]
+    cut, expected = trim_trees_expected(trees, SAME, t0=1.0, b=0.1)
+    assert [len(t) for t in cut] == [3, 0, 0]
+    assert expected == pytest.approx([0.9 + 0.8 + 0.5, 0.0, 0.0])
+    # Halved (verified drafts realised half of what was expected), only the surest nodes
+    # still pay; the expected sums stay the calibration's own.
+    cut, expected = trim_trees_expected(trees, SAME, t0=1.0, b=0.1, scale=0.5)
+    assert [len(t) for t in cut] == [2, 0, 0]
+    assert expected == pytest.approx([0.9 + 0.8, 0.0, 0.0])
+    assert trim_trees_expected([DraftTree()], SAME, 1.0, 0.1) == ([DraftTree()], [0.0])
+
+
+def test_realised_ratio_starts_at_one_and_follows_the_evidence_within_bounds():
+    ratio = RealisedRatio()
+    assert ratio.ratio == 1.0 and ratio.scale == 1.0
+    for _ in range(200):  # drafts expected to accept 2 tokens accept 1
+        ratio.observe(2.0, 1)
+    assert 0.5 <= ratio.ratio < 0.56 and ratio.scale == ratio.ratio
+    for _ in range(200):  # and none at all: clipped at the floor
+        ratio.observe(4.0, 0)
+    assert ratio.ratio < ratio.low and ratio.scale == ratio.low
+    ratio.observe(float("nan"), 3)  # ignored
+    assert ratio.drafts == 400
+
+
+def test_gate_learns_what_verified_drafts_realise_against_expected():
+    gate = DraftGate(GateConfig(cost_prior=0.1))
+    gate.nodes.calibrate = SAME  # a calibration that stays too sure of its nodes
+    for i in range(50):
+        rid = f"r{i}"
+        cut = gate.trim([rid], [_chain([0.9, 0.9, 0.9, 0.9])], width=8)[0]
+        assert len(cut) > 0
+        gate.on_committed(rid, [99])  # the first drafted token rejected: the bonus only
+    assert gate.realised.drafts == 50 and gate.realised.ratio < 0.5
+    assert gate.stats()["lengths_realised_over_expected"] == round(gate.realised.ratio, 3)
+    gate.forget("r0")
+    assert not gate._expected
+    # A node priced at half a token (cost prior 3.5 over 7 slots): 0.9 pays as calibrated,
+    # not scaled by what such drafts realised.
+    tree = _chain([0.9, 0.9, 0.9, 0.9])
+    for scaled, kept in ((True, 0), (False, 4)):
+        other = DraftGate(GateConfig(cost_prior=3.5, realised_scale=scaled))
+        other.nodes.calibrate, other.realised = SAME, gate.realised
+        assert len(other.trim(["x"], [tree], width=8)[0]) == kept

@@ -152,7 +152,12 @@ class SuffixWorker(
         self._step_empty = False  # no request has a draft in the last drafted step
         # The draft gate (suffix/gate.py): fixed-width SUFFIX verifies only where it pays.
         self._gate = (
-            DraftGate(GateConfig(cost_prior=config.draft_gate_cost))
+            DraftGate(
+                GateConfig(
+                    cost_prior=config.draft_gate_cost,
+                    realised_scale=config.draft_gate_realised,
+                )
+            )
             if (self.USES_DRAFT_GATE and config.draft_gate and config.plain_steps)
             else None
         )
