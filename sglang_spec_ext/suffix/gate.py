@@ -41,7 +41,7 @@ from .lengths import (
     RealisedRatio,
     VerifyCost,
     match_bucket,
-    trim_trees_expected,
+    trim_trees,
 )
 
 #: Raw-score bins: width in expected tokens, and the number of bins (the last is open).
@@ -125,8 +125,9 @@ class DraftGate:
     config: GateConfig = field(default_factory=GateConfig)
     _acc: dict[tuple[int, int], list[float]] = field(default_factory=dict, repr=False)
     _bucket: dict[int, list[float]] = field(default_factory=dict, repr=False)
-    # rid -> (cell, verified nodes, their raw score, whether the whole draft was verified)
-    _verified: dict[Hashable, tuple[tuple[int, int], int, float, bool]] = field(
+    # rid -> (cell, verified nodes, their raw score, whether the whole draft was verified,
+    # the calibrated expected accepted tokens of a ragged draft: None for a padded one)
+    _verified: dict[Hashable, tuple[tuple[int, int], int, float, bool, float | None]] = field(
         default_factory=dict
     )
     _walks: dict[Hashable, _Walk] = field(default_factory=dict, repr=False)
@@ -145,7 +146,6 @@ class DraftGate:
     prior_trims: int = 0
     #: ragged verify: accepted against expected tokens of the verified drafts
     realised: RealisedRatio = field(default_factory=RealisedRatio)
-    _expected: dict[Hashable, float] = field(default_factory=dict, repr=False)
 
     @property
     def explored(self) -> int:
@@ -188,9 +188,8 @@ class DraftGate:
         if draft is not None:  # ragged verify: label the whole draft's nodes
             self.nodes.observe(draft, tokens)
         verified = self._verified.pop(rid, None)
-        expected = self._expected.pop(rid, None)
         if verified is not None:
-            cell, size, raw, whole = verified
+            cell, size, raw, whole, expected = verified
             accepted = max(0, min(len(tokens) - 1, size))
             self._observe(cell, raw, accepted, whole)
             if expected is not None:
@@ -212,7 +211,6 @@ class DraftGate:
 
     def forget(self, rid: Hashable) -> None:
         self._verified.pop(rid, None)
-        self._expected.pop(rid, None)
         self._drafts.pop(rid, None)
         self._walks.pop(rid, None)
 
@@ -248,7 +246,7 @@ class DraftGate:
                 continue
             cell = (match_bucket(tree.match_len), score_bin(tree.score))
             if verify:
-                self._verified[rid] = (cell, len(tree), _raw(tree), True)
+                self._verified[rid] = (cell, len(tree), _raw(tree), True, None)
             elif rid not in self._walks:
                 self._walks[rid] = _walk(cell, tree)
         if total > 0:
@@ -276,13 +274,10 @@ class DraftGate:
             if self.prior_trims % EXPLORE_EVERY == 0:
                 fixed, per_draft = fixed * EXPLORE_DISCOUNT, per_draft * EXPLORE_DISCOUNT
         scale = self.realised.scale if self.config.realised_scale else 1.0
-        cut, expected = trim_trees_expected(
-            trees, self.nodes.calibrate, t0, per_draft, fixed, scale
-        )
+        cut, expected = trim_trees(trees, self.nodes.calibrate, t0, per_draft, fixed, scale)
         drafted = verified = 0
         for rid, full, mine, exp in zip(rids, trees, cut, expected, strict=True):
             self._verified.pop(rid, None)
-            self._expected.pop(rid, None)
             self._drafts.pop(rid, None)
             if not len(full):
                 continue
@@ -291,8 +286,8 @@ class DraftGate:
             verified += len(mine)
             cell = (match_bucket(full.match_len), score_bin(full.score))
             if len(mine):
-                self._verified[rid] = (cell, len(mine), _raw(mine), len(mine) == len(full))
-                self._expected[rid] = exp
+                whole = len(mine) == len(full)
+                self._verified[rid] = (cell, len(mine), _raw(mine), whole, exp)
             elif rid not in self._walks:
                 self._walks[rid] = _walk(cell, full)
         self.nodes_drafted += drafted

@@ -265,7 +265,7 @@ class RealisedRatio:
     line (a large batch on a CPU, a cold server's thin cells) the verified nodes then
     accept less than the step was priced for, and the step is slower than plain decoding.
     The ratio, decayed over recent drafts, scales the probabilities the next choices
-    weigh (:func:`trim_trees_expected`), clipped to ``[low, high]``; ``prior`` expected
+    weigh (:func:`trim_trees`), clipped to ``[low, high]``; ``prior`` expected
     tokens of agreement (ratio 1) stand in before evidence."""
 
     decay: float = 0.995
@@ -314,26 +314,15 @@ def trim_trees(
     t0: float,
     b: float,
     e: float = 0.0,
-) -> list[DraftTree]:
-    """Each tree cut to its nodes among the batch's best ``k`` (see the module doc).
-    ``calibrate(tree)`` gives each node's acceptance probability, never above its
-    parent's (e.g. :meth:`NodeCalibration.calibrate`); trees without probabilities are
-    left whole."""
-    return trim_trees_expected(trees, calibrate, t0, b, e)[0]
-
-
-def trim_trees_expected(
-    trees: Sequence[DraftTree],
-    calibrate: Callable[[DraftTree], np.ndarray],
-    t0: float,
-    b: float,
-    e: float = 0.0,
     scale: float = 1.0,
 ) -> tuple[list[DraftTree], list[float]]:
-    """:func:`trim_trees`, and each cut tree's expected accepted tokens (the calibrated
-    probabilities of its kept nodes, summed). ``scale`` multiplies the probabilities the
-    choice weighs (capped at 1; the expected sums stay unscaled): what requests realised
-    against what was expected of the nodes chosen before (:class:`RealisedRatio`)."""
+    """Each tree cut to its nodes among the batch's best ``k`` (see the module doc), and
+    each cut tree's expected accepted tokens (the calibrated probabilities of its kept
+    nodes, summed). ``calibrate(tree)`` gives each node's acceptance probability, never
+    above its parent's (e.g. :meth:`NodeCalibration.calibrate`); trees without
+    probabilities are left whole. ``scale`` multiplies the probabilities the choice weighs
+    (capped at 1; the expected sums stay unscaled): what requests realised against what
+    was expected of the nodes chosen before (:class:`RealisedRatio`)."""
     bs = len(trees)
     sizes = [len(t) for t in trees]
     total = sum(sizes)

@@ -20,7 +20,6 @@ from sglang_spec_ext.suffix.lengths import (
     best_count,
     conditional_probs,
     trim_trees,
-    trim_trees_expected,
 )
 
 
@@ -58,14 +57,14 @@ def test_a_verify_steps_fixed_cost_must_be_earned_first():
 
 def test_cheap_verify_keeps_everything_dear_verify_nothing():
     trees = [_chain([0.9, 0.8, 0.5, 0.1]), _chain([0.3, 0.2]), DraftTree()]
-    cheap = trim_trees(trees, SAME, t0=1.0, b=1e-4)
+    cheap = trim_trees(trees, SAME, t0=1.0, b=1e-4)[0]
     assert [len(t) for t in cheap] == [4, 2, 0]
-    dear = trim_trees(trees, SAME, t0=1.0, b=10.0)
+    dear = trim_trees(trees, SAME, t0=1.0, b=10.0)[0]
     assert [len(t) for t in dear] == [0, 0, 0]
     # In between: the likely nodes of the first draft only (ragged lengths).
     # (3 tokens per plain step; a node pays while p > 0.1 x the tokens per unit time so
     # far: 0.9, 0.8 and 0.5 do, then 0.3 < 0.1 x 4.0.)
-    mid = trim_trees(trees, SAME, t0=1.0, b=0.1)
+    mid = trim_trees(trees, SAME, t0=1.0, b=0.1)[0]
     assert [len(t) for t in mid] == [3, 0, 0]
     assert mid[0].tokens == [10, 11, 12] and mid[0].parents == [-1, 0, 1]
 
@@ -73,8 +72,8 @@ def test_cheap_verify_keeps_everything_dear_verify_nothing():
 def test_calibration_moves_the_cut():
     trees = [_chain([0.5, 0.4])]
     # Halved, both nodes fall below what the step costs; doubled (capped at 1) both pay.
-    assert len(trim_trees(trees, lambda t: np.asarray(t.probs) * 0.4, t0=1.0, b=0.5)[0]) == 0
-    assert len(trim_trees(trees, lambda t: np.asarray(t.probs) * 2.0, t0=1.0, b=0.5)[0]) == 2
+    assert len(trim_trees(trees, lambda t: np.asarray(t.probs) * 0.4, t0=1.0, b=0.5)[0][0]) == 0
+    assert len(trim_trees(trees, lambda t: np.asarray(t.probs) * 2.0, t0=1.0, b=0.5)[0][0]) == 2
 
 
 def test_node_calibration_learns_acceptance_given_the_parent():
@@ -136,7 +135,7 @@ def test_trim_never_keeps_a_node_without_its_parent():
         scale = rng.uniform(0.5, 2)
         cut = trim_trees(
             [tree], lambda t, s=scale: np.asarray(t.probs) * s, 1.0, rng.uniform(0.01, 0.5)
-        )[0]
+        )[0][0]
         assert all(-1 <= p < i for i, p in enumerate(cut.parents))
         assert len(cut) <= n
 
@@ -252,15 +251,15 @@ def test_verify_cost_flat_in_draft_nodes_fits_a_zero_slope():
 
 def test_trim_reports_each_cut_drafts_expected_tokens_and_weighs_by_the_scale():
     trees = [_chain([0.9, 0.8, 0.5, 0.1]), _chain([0.3, 0.2]), DraftTree()]
-    cut, expected = trim_trees_expected(trees, SAME, t0=1.0, b=0.1)
+    cut, expected = trim_trees(trees, SAME, t0=1.0, b=0.1)
     assert [len(t) for t in cut] == [3, 0, 0]
     assert expected == pytest.approx([0.9 + 0.8 + 0.5, 0.0, 0.0])
     # Halved (verified drafts realised half of what was expected), only the surest nodes
     # still pay; the expected sums stay the calibration's own.
-    cut, expected = trim_trees_expected(trees, SAME, t0=1.0, b=0.1, scale=0.5)
+    cut, expected = trim_trees(trees, SAME, t0=1.0, b=0.1, scale=0.5)
     assert [len(t) for t in cut] == [2, 0, 0]
     assert expected == pytest.approx([0.9 + 0.8, 0.0, 0.0])
-    assert trim_trees_expected([DraftTree()], SAME, 1.0, 0.1) == ([DraftTree()], [0.0])
+    assert trim_trees([DraftTree()], SAME, 1.0, 0.1) == ([DraftTree()], [0.0])
 
 
 def test_realised_ratio_starts_at_one_and_follows_the_evidence_within_bounds():
@@ -286,8 +285,9 @@ def test_gate_learns_what_verified_drafts_realise_against_expected():
         gate.on_committed(rid, [99])  # the first drafted token rejected: the bonus only
     assert gate.realised.drafts == 50 and gate.realised.ratio < 0.5
     assert gate.stats()["lengths_realised_over_expected"] == round(gate.realised.ratio, 3)
-    gate.forget("r0")
-    assert not gate._expected
+    assert len(gate.trim(["y"], [_chain([0.9, 0.9, 0.9, 0.9])], width=8)[0]) > 0
+    gate.forget("y")  # a verified draft's expectation goes with the request
+    assert "y" not in gate._verified
     # A node priced at half a token (cost prior 3.5 over 7 slots): 0.9 pays as calibrated,
     # not scaled by what such drafts realised.
     tree = _chain([0.9, 0.9, 0.9, 0.9])
