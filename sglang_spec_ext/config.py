@@ -135,6 +135,7 @@ class PluginConfig:
     draft_gate_cost: float = 0.1
     draft_gate_realised: bool = True
     ragged_verify: bool = True
+    ragged_graphs: bool = True
     grammar_drafts: bool = True
     grammar_draft_ms: float = 20.0
     grammar_overlap: bool = True

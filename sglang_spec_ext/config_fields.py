@@ -174,6 +174,16 @@ FIELDS: tuple[Field, ...] = (
         "start-up) (sglang/verify/ragged.py)",
     ),
     Field(
+        "ragged_graphs",
+        bool,
+        True,
+        "ragged verify under CUDA graphs: the target's verify graphs are keyed by the batch's "
+        "total verify tokens (token buckets, the host's compact ragged mode) so a ragged step "
+        "replays a graph; where the attention backend has a ragged tree verify in graphs (the "
+        "CPU engine's emulation so far). False: a ragged step runs its verify forward eagerly "
+        "(sglang/verify/ragged_graphs.py)",
+    ),
+    Field(
         "grammar_drafts",
         bool,
         True,

@@ -120,6 +120,10 @@ def install_runtime_hooks() -> list[str]:
         installed += install_draft_kv_repair(
             config.draft_kv_repair_max_tokens, config.stats_log_interval_s
         )
+    if config.ragged_verify and config.ragged_graphs:
+        from sglang_spec_ext.sglang.verify.ragged_graphs import install_ragged_graphs
+
+        installed += install_ragged_graphs()  # token-bucket verify graphs; inert elsewhere
     if _host_runs_cpu_engine():
         installed += _install_cpu_engine(config)
     return installed

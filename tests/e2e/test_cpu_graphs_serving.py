@@ -88,10 +88,12 @@ def _replayed_sizes(server) -> set[int]:
     }
 
 
-def _concurrent_parity(base, server, tok, exact_sizes: bool = True) -> None:
+def _concurrent_parity(base, server, tok, sizes_in: set[int] | None = None) -> None:
     """Six concurrent requests of different lengths, so the batch shrinks 6 -> 1: 6 and 5
     exceed the largest captured size and run eager (can_run_graph false), 3 pads to the
-    bs=4 graph, 4, 2 and 1 replay their own; every output must match."""
+    bs=4 graph, 4, 2 and 1 replay their own; every output must match. ``sizes_in``: the
+    graph keys a speculative server may replay (several tokens per step: requests may
+    finish together and skip a size)."""
     prompts = [_ids(tok, text) for text in PROMPTS]
     lengths = [8 + 6 * i for i in range(len(prompts))]
     want = [_greedy(base, ids, n) for ids, n in zip(prompts, lengths, strict=True)]
@@ -99,10 +101,10 @@ def _concurrent_parity(base, server, tok, exact_sizes: bool = True) -> None:
         got = list(pool.map(lambda a: _greedy(server, *a), zip(prompts, lengths, strict=True)))
     assert got == want
     sizes = _replayed_sizes(server)
-    if exact_sizes:  # one token per step: the batch passes through every size
+    if sizes_in is None:  # one token per step: the batch passes through every size
         assert sizes == set(CAPTURE_BS), sizes
-    else:  # several tokens per step: requests may finish together and skip a size
-        assert len(sizes) >= 2 and sizes <= set(CAPTURE_BS), sizes
+    else:
+        assert len(sizes) >= 2 and sizes <= sizes_in, sizes
 
 
 def test_concurrent_greedy_parity_padded_and_eager(tiny_baseline_server, graph_server, tok):
@@ -136,7 +138,12 @@ def test_suffix_verify_graphs_greedy_parity(tiny_baseline_server, suffix_graph_s
 
 
 def test_suffix_verify_graphs_concurrent_parity(tiny_baseline_server, suffix_graph_server, tok):
-    _concurrent_parity(tiny_baseline_server, suffix_graph_server, tok, exact_sizes=False)
+    """SUFFIX verifies ragged (each request its own draft): its verify graphs are keyed by
+    the batch's verify tokens, one bucket per captured batch size at each captured width
+    (8, and 1 for steps without drafts) (verify/ragged_graphs.py)."""
+    buckets = {bs * w for bs in CAPTURE_BS for w in (WIDTH, 1)}
+    assert "token buckets" in _log(suffix_graph_server), suffix_graph_server.log_tail()
+    _concurrent_parity(tiny_baseline_server, suffix_graph_server, tok, sizes_in=buckets)
 
 
 def test_suffix_steps_without_drafts_replay_width_1_graphs(

@@ -2,11 +2,13 @@
 
 Each request's verify forward covers its own draft; the rest of the host's verify keeps
 its padded layout. Served eagerly, under overlap scheduling, and under the CUDA-graph
-emulation (where a ragged step runs the verify forward eagerly: the verify graphs are
-captured at ``bs x width`` tokens). Every server must give plain serving's greedy output
-token for token with concurrent requests, and its drafter-stats line must show ragged
-steps that put fewer tokens through the target than the padded verify would have. The
-same server with ``SGLANG_SPEC_EXT_RAGGED_VERIFY=0`` verifies every token of its width. One
+emulation, where the verify graphs are keyed by the batch's total verify tokens (token
+buckets, ``verify/ragged_graphs.py``): a ragged step replays the smallest bucket that
+holds it (its stats count such steps), or with ``SGLANG_SPEC_EXT_RAGGED_GRAPHS=0`` runs
+its verify forward eagerly. Every server must give plain serving's greedy output token
+for token with concurrent requests, and its drafter-stats line must show ragged steps
+that put fewer tokens through the target than the padded verify would have. The same
+server with ``SGLANG_SPEC_EXT_RAGGED_VERIFY=0`` verifies every token of its width. One
 server runs the draft gate's per-request lengths (each draft cut to the nodes worth their
 verify cost) on the GPU default path's emulation.
 """
@@ -33,8 +35,12 @@ SERVED = {
     "ragged": ((), {}),
     "ragged-overlap": ((), {OVERLAP_ENV: "1"}),
     "ragged-graphs+overlap": (
-        ("--cuda-graph-bs-decode", "1", "2", "4"),
+        ("--cuda-graph-bs-decode", "1", "2", "4", "8"),
         {GRAPHS_ENV: "1", OVERLAP_ENV: "1"},
+    ),
+    "ragged-eager-verify+graphs": (
+        ("--cuda-graph-bs-decode", "1", "2", "4"),
+        {GRAPHS_ENV: "1", "SGLANG_SPEC_EXT_RAGGED_GRAPHS": "0"},
     ),
     # The draft gate (off in the test harness) cuts each draft to what pays for its verify
     # (suffix/lengths.py), priced here as if a full-width verify cost 3 plain steps.
@@ -90,6 +96,11 @@ def test_greedy_parity_with_concurrent_requests(servers, tiny_baseline_server, p
     print(name, {k: v for k, v in stats.items() if "verify" in k})
     assert stats["ragged_verify_steps"] > 0, stats
     assert stats["verify_tokens_per_step"] < stats["padded_verify_tokens_per_step"], stats
+    if "graphs" in name and "eager-verify" not in name:  # token-bucket graphs replayed
+        assert stats["bucket_verify_steps"] > 0, stats
+        assert stats["bucket_tokens_per_step"] < stats["padded_verify_tokens_per_step"], stats
+    else:
+        assert stats["bucket_verify_steps"] == 0, stats
     if "gated" in name:  # drafts were cut per request, some nodes verified
         assert 0 < stats["lengths_nodes_verified"] < stats["lengths_nodes_drafted"], stats
 
@@ -99,3 +110,5 @@ def test_start_up_line_names_the_verify(servers):
         log = server.log_path.read_text(errors="replace")
         want = "SUFFIX: verify padded" if name == "padded" else "SUFFIX: verify ragged"
         assert want in log, (name, server.log_tail())
+        buckets = "graphs" in name and "eager-verify" not in name
+        assert ("token buckets" in log) == buckets, (name, server.log_tail())

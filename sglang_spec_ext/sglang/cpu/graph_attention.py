@@ -218,10 +218,15 @@ def init_forward_metadata_out_graph_hook(
     if max_bs is None or spec_info is None:
         return result
     n = int(spec_info.draft_token_num)
+    in_capture = bool(kw.get("in_capture", a[0] if a else False))
+    if getattr(spec_info, "ragged_verify_layout", None) is not None:
+        from sglang_spec_ext.sglang.cpu.ragged_attention import stage_ragged
+
+        stage_ragged(self, spec_info, n, max_bs, in_capture)
+        return result
     masks = self.__dict__.setdefault("_graph_verify_masks", {})
     if n not in masks:
         masks[n] = torch.ones(max_bs, n, n, dtype=torch.bool).tril()
-    in_capture = bool(kw.get("in_capture", a[0] if a else False))
     # At capture the verify input is the runner's placeholder (values are not used).
     stage_verify_mask(masks[n], None if in_capture else getattr(spec_info, "custom_mask", None))
     return result
@@ -267,6 +272,25 @@ def forward_hook(
             self.req_to_token_pool.req_to_token,
             forward_batch.req_pool_indices,
             forward_batch.seq_lens[:bs],
+            layer.scaling,
+            heads != layer.tp_k_head_num,
+        )
+        return out.reshape(-1, heads * layer.v_head_dim)
+    layout = getattr(forward_batch.spec_info, "ragged_verify_layout", None)
+    if layout is not None:
+        from sglang_spec_ext.sglang.cpu.ragged_attention import masked_ragged_verify_attention
+
+        out = masked_ragged_verify_attention(
+            q.reshape(-1, heads, layer.qk_head_dim),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            self.req_to_token_pool.req_to_token,
+            forward_batch.req_pool_indices,
+            forward_batch.seq_lens[:bs],
+            forward_batch.out_cache_loc,
+            layout.verify_lens,
+            layout.qo_indptr_device,
+            self._graph_ragged_mask[:bs],
             layer.scaling,
             heads != layer.tp_k_head_num,
         )
@@ -336,6 +360,10 @@ def init_cuda_graph_state(self: Any, max_bs: int, max_num_tokens: int) -> None:
     verify width at the first out-of-graph prep (decode needs none)."""
     self._graph_max_bs = max_bs
     self._graph_verify_masks = {}
+    self._graph_ragged_mask = None
+    # Token-bucket verify graphs (verify/ragged_graphs.py) may replay on this backend:
+    # masked_ragged_verify_attention (cpu/ragged_attention.py) reads their layout.
+    self.supports_ragged_verify_graph = True
 
 
 def get_cuda_graph_seq_len_fill_value(self: Any) -> int:

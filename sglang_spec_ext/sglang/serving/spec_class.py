@@ -78,6 +78,13 @@ class ModelFreeSpecAlgo(_PluginSpecAlgo):
     def carries_draft_hidden_states(self) -> bool:
         return False
 
+    def supports_ragged_verify(self) -> bool:
+        """Whether the target's verify graphs are keyed by total verify tokens (the host's
+        compact ragged mode) in this server (``sglang/verify/ragged_graphs.py``)."""
+        from sglang_spec_ext.sglang.verify.ragged_graphs import ragged_graphs_wanted
+
+        return ragged_graphs_wanted()
+
     def handle_server_args(self, server_args: Any) -> None:
         from sglang_spec_ext.sglang.serving.server_args import handle_server_args
 

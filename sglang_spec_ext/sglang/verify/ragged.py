@@ -21,13 +21,15 @@ and sampling verify, the KV moves, the overlap relay. What changes, per verify s
   are scattered back to ``[bs * W, vocab]`` rows (padding rows zero: unreachable) and
   every swapped field restored, so the host's verify reads the layout it built.
 
-Which attention backend can run a ragged target verify: the CPU engine's
-``torch_native`` with the plugin's verify attention (``cpu/fallbacks/verify_attention``
-reads ``ragged_lens_cpu``). The GPU backends (FA3, flashinfer, triton) keep today's
-padded verify: the host's own ragged layout (``srt/speculative/ragged_verify.py``) is
-built for DFLASH/DSPARK's chain verify and has not run here with tree masks on a GPU.
-A ragged step runs the target forward eagerly: the host's verify graphs are captured for
-``bs * W`` tokens and its graph runner refuses any other token count (``can_run_graph``).
+Which attention backend can run a ragged target verify: the CPU engine's ``torch_native``
+with the plugin's verify attention (``cpu/fallbacks/verify_attention`` reads
+``ragged_lens_cpu``). The GPU backends keep today's padded verify: the host's own ragged
+layout (``srt/speculative/ragged_verify.py``, built for DSPARK) is causal on FA3 (chain
+drafts only), refused under graphs by flashinfer and absent from triton, and SUFFIX's
+drafts are trees. Under CUDA graphs the target's verify graphs are keyed by total verify
+tokens where the backend has a ragged tree verify in graphs (``ragged_graphs.py``): the
+compact forward is padded to its token bucket and carries the host's layout; elsewhere a
+ragged step runs the target forward eagerly (graphs captured for ``bs * W`` tokens).
 
 No host sync: the lengths are host values (the drafts are built on the host), the
 indices are copied to the device once per step, non-blocking.
@@ -41,6 +43,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from sglang_spec_ext.sglang.verify.ragged_graphs import bucket_layout
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -71,6 +75,8 @@ class RaggedStats:
     ragged_steps: int = 0
     verified_tokens: int = 0  # tokens through the target forward
     padded_tokens: int = 0  # what the padded verify would have put through
+    bucket_steps: int = 0  # verify forwards laid out for a token-bucket graph
+    bucket_tokens: int = 0  # their buckets' tokens (verified plus the bucket's padding)
 
     def count(self, lens: np.ndarray, width: int, ragged: bool, padded_width: int) -> None:
         self.steps += 1
@@ -88,6 +94,8 @@ class RaggedStats:
             "verify_steps": self.steps,
             "verify_tokens_per_step": round(self.verified_tokens / steps, 3),
             "padded_verify_tokens_per_step": round(self.padded_tokens / steps, 3),
+            "bucket_verify_steps": self.bucket_steps,
+            "bucket_tokens_per_step": round(self.bucket_tokens / max(self.bucket_steps, 1), 3),
         }
 
 
@@ -122,9 +130,11 @@ class RaggedVerify:
             return np.full(bs, width, dtype=np.int64)
         return self._lens
 
-    def plan(self, batch: Any, width: int) -> None:
+    def plan(self, batch: Any, width: int, always: bool = False) -> None:
         """After the host built the verify input of ``batch``: cut the padding off the
-        tree and plan the compact forward (nothing where no request is padded)."""
+        tree and plan the compact forward (nothing where no request is padded, unless
+        ``always``: the target's graphs are token-bucket graphs, which replay only a
+        verify that carries its layout, ``verify/ragged_graphs.py``)."""
         lens, self._lens = self._lens, None
         self.plan_now = None
         if lens is None or not batch.forward_mode.is_target_verify():
@@ -136,7 +146,7 @@ class RaggedVerify:
             raise ValueError(f"ragged verify lengths {lens.tolist()} outside 1..{width}")
         ragged = bool((lens < width).any())
         self.stats.count(lens, width, ragged, self.padded_width or width)
-        if ragged:
+        if ragged or always:
             self.plan_now = compact_plan(batch.spec_info, lens, width)
 
     def target(self, target_worker: Any) -> Any:
@@ -185,15 +195,21 @@ class RaggedTarget:
         spec_info = batch.spec_info
         saved = (batch.input_ids, batch.out_cache_loc, spec_info.positions)
         keep = plan.keep
-        batch.input_ids = saved[0].view(-1)[keep]
-        batch.out_cache_loc = saved[1].view(-1)[keep]
-        spec_info.positions = saved[2].view(-1)[keep]
+        compact = [t.view(-1)[keep] for t in saved]
+        layout = bucket_layout(self._worker, plan.lens, keep.device)
+        if layout is not None:  # a token-bucket graph replays it: pad to the bucket
+            compact = [_pad_rows(t, layout.graph_num_tokens) for t in compact]
+            spec_info.ragged_verify_layout = layout
+            self._ragged.stats.bucket_steps += 1
+            self._ragged.stats.bucket_tokens += layout.graph_num_tokens
+        batch.input_ids, batch.out_cache_loc, spec_info.positions = compact
         setattr(spec_info, LENS_ATTR, plan.lens)
         try:
             result = self._worker.forward_batch_generation(batch, *args, **kwargs)
         finally:
             batch.input_ids, batch.out_cache_loc, spec_info.positions = saved
             setattr(spec_info, LENS_ATTR, None)
+            spec_info.ragged_verify_layout = None
         return _padded(result, plan)
 
 
@@ -244,8 +260,14 @@ def _scatter_rows(compact: torch.Tensor | None, keep: torch.Tensor, rows: int) -
     if compact is None:
         return None
     full = compact.new_zeros((rows, *compact.shape[1:]))
-    full.index_copy_(0, keep, compact)
+    full.index_copy_(0, keep, compact[: keep.numel()])  # a bucket's padding rows dropped
     return full
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` (1-D) padded with zeros to ``rows`` entries (token 0, position 0, KV slot 0:
+    the pool's reserved padding slot)."""
+    return torch.cat([t, t.new_zeros(rows - t.numel())]) if rows > t.numel() else t
 
 
 def draft_lens(node_counts: list[int] | np.ndarray, width: int) -> np.ndarray:

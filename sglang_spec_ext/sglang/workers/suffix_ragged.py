@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from sglang_spec_ext.sglang.verify.ragged import RaggedVerify, draft_lens, ragged_backend_problem
+from sglang_spec_ext.sglang.verify.ragged_graphs import compact_runner
 from sglang_spec_ext.suffix.draft import DraftTree
 
 logger = logging.getLogger("sglang_spec_ext")
@@ -53,8 +54,13 @@ class RaggedStepsMixin:
             logger.info("SUFFIX: verify padded: %s (SGLANG_SPEC_EXT_RAGGED_VERIFY=0 silences "
                         "this line's reason).", problem)  # fmt: skip
             return
+        if compact_runner(self._target_worker) is not None:
+            how = ("verify graphs keyed by the batch's total verify tokens, token buckets: "
+                   "a step replays the smallest bucket that holds it")  # fmt: skip
+        else:
+            how = "a ragged step runs the verify forward eagerly"
         logger.info("SUFFIX: verify ragged: each request's target verify covers its own draft "
-                    "(a ragged step runs the verify forward eagerly)")  # fmt: skip
+                    "(%s)", how)  # fmt: skip
 
     def _shorter_step(self, batch: Any, width: int, on_publish, pp_proxy_tensors) -> Any:
         """Ragged verify where no request's draft needs the whole width: the host's verify
@@ -86,7 +92,8 @@ class RaggedStepsMixin:
         super()._prepare_for_speculative_decoding(batch)
         self._resolve_ragged()
         if self._ragged is not None:
-            self._ragged.plan(batch, self.draft_token_num)
+            always = compact_runner(self._target_worker) is not None
+            self._ragged.plan(batch, self.draft_token_num, always=always)
 
     def _set_lens(self, trees: list[DraftTree]) -> None:
         self._step_drafts = sum(len(t.parents) for t in trees)

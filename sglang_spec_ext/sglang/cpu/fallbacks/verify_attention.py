@@ -78,7 +78,8 @@ def tree_verify_attention(
     Ragged verify (``lens``, ``sglang/verify/ragged.py``): request ``b`` verifies only its
     first ``lens[b]`` draft rows; ``q`` and ``draft_slots`` (flat, ``[sum lens]``) hold
     those rows in request order, ``visible`` stays ``[bs, n, n]`` (its top-left
-    ``lens[b]`` square is used). Returns ``[sum lens, heads, v_dim]``.
+    ``lens[b]`` square is used). Returns ``[sum lens, heads, v_dim]``; where ``q`` holds
+    more rows (a token bucket's padding, ``verify/ragged_graphs.py``) those rows are zero.
     """
     if lens is None:
         bs, n = draft_slots.shape
@@ -87,7 +88,9 @@ def tree_verify_attention(
         bs = len(lens)
     draft_slots = draft_slots.reshape(-1)
     heads = q.shape[1]
-    out = q.new_empty((q.shape[0], heads, v_cache.shape[-1]))
+    # Tokens past the requests' (a token bucket's padding) belong to none: zeros.
+    make = q.new_zeros if sum(lens) < q.shape[0] else q.new_empty
+    out = make((q.shape[0], heads, v_cache.shape[-1]))
     gqa = heads != k_cache.shape[1]
     start = 0
     for b in range(bs):
@@ -138,6 +141,9 @@ def forward_extend_hook(
     spec_info = forward_batch.spec_info
     n = int(spec_info.draft_token_num)
     lens = getattr(spec_info, "ragged_lens_cpu", None)  # ragged verify (verify/ragged.py)
+    layout = getattr(spec_info, "ragged_verify_layout", None)  # token buckets (ragged_graphs)
+    if lens is None and layout is not None:
+        lens = layout.verify_lens_cpu  # a capture's warm-up: the capture layout's lengths
     cache_loc = forward_batch.out_cache_loc
     if save_kv_cache and k is not None and v is not None:
         backend.token_to_kv_pool.set_kv_buffer(
