@@ -120,10 +120,6 @@ def install_runtime_hooks() -> list[str]:
         installed += install_draft_kv_repair(
             config.draft_kv_repair_max_tokens, config.stats_log_interval_s
         )
-    if config.ragged_verify and config.ragged_graphs:
-        from sglang_spec_ext.sglang.verify.ragged_graphs import install_ragged_graphs
-
-        installed += install_ragged_graphs()  # token-bucket verify graphs; inert elsewhere
     if _host_runs_cpu_engine():
         installed += _install_cpu_engine(config)
     return installed
@@ -149,7 +145,14 @@ def _install_cpu_engine(config: PluginConfig) -> list[str]:
         logger.debug("CPU kernel fallbacks disabled by configuration")
     from sglang_spec_ext.sglang.cpu.graphs import install_cpu_graphs
 
-    installed += install_cpu_graphs()  # only with SGLANG_SPEC_EXT_CPU_GRAPHS=1
+    graphs = install_cpu_graphs()  # only with SGLANG_SPEC_EXT_CPU_GRAPHS=1
+    installed += graphs
+    if graphs and config.ragged_verify and config.ragged_graphs:
+        # Token-bucket verify graphs: only the emulation's attention has a ragged tree
+        # verify in graphs (verify/ragged_graphs.py).
+        from sglang_spec_ext.sglang.verify.ragged_graphs import install_ragged_graphs
+
+        installed += install_ragged_graphs()
     return installed
 
 

@@ -260,7 +260,7 @@ def test_hooked_host_targets_exist():
 
 
 # ---------------------------------------------------------------------------
-# Graph-safe decode attention (sglang/cpu/graph_attention.py)
+# Graph-safe decode attention (sglang/cpu/masked_attention.py)
 # ---------------------------------------------------------------------------
 
 
@@ -294,7 +294,7 @@ def _host_loop(query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens
 
 @torch.inference_mode()
 def test_masked_decode_attention_matches_host_loop():
-    from sglang_spec_ext.sglang.cpu.graph_attention import masked_decode_attention
+    from sglang_spec_ext.sglang.cpu.masked_attention import masked_decode_attention
 
     query, k_cache, v_cache, req_to_token = _attention_case()
     for idx, lens in (([2, 0, 3], [5, 12, 1]), ([1, 1, 2], [7, 3, 9])):
@@ -311,7 +311,7 @@ def test_masked_attention_replays_right_where_the_host_loop_freezes_lengths():
     """Why the plugin needs its own decode attention under graphs: the host's loop
     slices by lengths read at capture, so its replay attends over stale lengths; the
     masked version reads them from the static buffer at every replay."""
-    from sglang_spec_ext.sglang.cpu.graph_attention import masked_decode_attention
+    from sglang_spec_ext.sglang.cpu.masked_attention import masked_decode_attention
 
     query, k_cache, v_cache, req_to_token = _attention_case(seed=1)
     idx, lens = torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5])
@@ -465,7 +465,7 @@ def _verify_case(seed: int, bs: int = 3, n: int = 4):
 @torch.inference_mode()
 def test_masked_verify_attention_matches_the_cpu_fallback():
     from sglang_spec_ext.sglang.cpu.fallbacks.verify_attention import tree_verify_attention
-    from sglang_spec_ext.sglang.cpu.graph_attention import masked_verify_attention
+    from sglang_spec_ext.sglang.cpu.masked_attention import masked_verify_attention
 
     query, k_cache, v_cache, req_to_token, visible, draft_slots = _verify_case(2)
     idx, lens = torch.tensor([3, 0, 2]), torch.tensor([5, 12, 0])
@@ -479,7 +479,7 @@ def test_masked_verify_attention_matches_the_cpu_fallback():
 
 @torch.inference_mode()
 def test_verify_mask_staging_and_replay_follow_new_masks():
-    from sglang_spec_ext.sglang.cpu.graph_attention import (
+    from sglang_spec_ext.sglang.cpu.masked_attention import (
         masked_verify_attention,
         stage_verify_mask,
     )
@@ -572,7 +572,7 @@ def test_masked_extend_attention_matches_host_loop_and_replays_new_lengths():
     """The draft extend (n tokens per request, causal over the request's KV) computed
     densely with a mask equals the host's per-request loop, and a captured one follows
     new lengths and pool rows at replay."""
-    from sglang_spec_ext.sglang.cpu.graph_attention import masked_extend_attention
+    from sglang_spec_ext.sglang.cpu.masked_attention import masked_extend_attention
 
     _, k_cache, v_cache, req_to_token = _attention_case(seed=2)
     n = 3

@@ -129,7 +129,7 @@ def _make_step_backend(model_runner: Any, masked: bool = False) -> Any:
                 )
             window = layer.sliding_window_size
             if self.masked and (window is None or window <= -1):
-                from sglang_spec_ext.sglang.cpu.graph_attention import masked_table_attention
+                from sglang_spec_ext.sglang.cpu.masked_attention import masked_table_attention
 
                 out = masked_table_attention(
                     q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),

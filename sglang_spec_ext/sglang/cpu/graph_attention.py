@@ -5,7 +5,8 @@ and slices each request's KV rows by its length (``req_to_token[idx, :seq_len]``
 a captured graph (``SGLANG_SPEC_EXT_CPU_GRAPHS=1``, sglang/cpu/graphs.py) that loop and
 those lengths are burned in at capture: a replay would attend over the capture-time
 lengths, which is wrong. A CUDA-graph-capable backend instead reads lengths from device
-buffers with fixed-shape tensor ops; this module does the same on CPU:
+buffers with fixed-shape tensor ops; this module installs the same on CPU (the kernels
+are ``masked_attention.py``'s):
 
 * the K/V rows of every request are gathered through ``req_to_token`` over a fixed
   width (the pool's maximum context length), so the shapes depend only on the batch
@@ -25,6 +26,8 @@ step's tree mask is copied from the verify input into a static ``[max_bs, n, n]`
 inside, :func:`masked_verify_attention` reads that buffer, the request lengths and the
 draft slots from static buffers only. Forwards not being captured (the eager path and
 the warm-ups) keep the plugin's CPU fallback (``cpu_fallbacks/verify_attention.py``).
+A verify that carries the host's ragged layout (token-bucket graphs,
+``verify/ragged_graphs.py``) takes the ragged kernel of ``ragged_attention.py``.
 """
 
 from __future__ import annotations
@@ -33,175 +36,23 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.nn.functional import scaled_dot_product_attention
 
 from sglang_spec_ext.sglang.cpu.graph_capture import is_capturing
+from sglang_spec_ext.sglang.cpu.masked_attention import (
+    masked_decode_attention,
+    masked_extend_attention,
+    masked_verify_attention,
+    stage_verify_mask,
+)
+from sglang_spec_ext.sglang.cpu.ragged_attention import (
+    masked_ragged_verify_attention,
+    stage_ragged,
+)
 
 #: Padded requests get this length (>= 1, so a masked row never attends to nothing).
 SEQ_LEN_FILL_VALUE = 1
 
 BACKEND_CLS = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
-
-
-def _gather_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The K and V rows of ``slots`` ([B, W] KV slots) as [B, Hk, W, D(v)] in ``dtype``."""
-    slots = slots.long()
-    return (
-        k_cache[slots].to(dtype).transpose(1, 2),
-        v_cache[slots].to(dtype).transpose(1, 2),
-    )
-
-
-def masked_table_attention(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    table: torch.Tensor,
-    lengths: torch.Tensor,
-    scaling: float | None,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """One query token per row over the first ``lengths[i]`` KV slots of ``table[i]``.
-
-    ``query`` [N, Hq, D]; ``k_cache``/``v_cache`` [P, Hk, D(v)]; ``table`` [N, W] (KV
-    slots); returns [N, Hq, Dv]. Shapes depend on N and W only (graph-safe).
-    """
-    width = table.shape[1]
-    keys, values = _gather_kv(k_cache, v_cache, table, query.dtype)  # [N, Hk, W, D(v)]
-    positions = torch.arange(width, device=query.device)
-    valid = positions.unsqueeze(0) < lengths.unsqueeze(1).to(positions.dtype)  # [N, W]
-    out = scaled_dot_product_attention(
-        query.unsqueeze(2),  # [N, Hq, 1, D]
-        keys,
-        values,
-        attn_mask=valid[:, None, None, :],
-        scale=scaling,
-        enable_gqa=enable_gqa,
-    )
-    return out.squeeze(2)
-
-
-def masked_decode_attention(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scaling: float | None,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """One query token per request over its first ``seq_lens[i]`` KV rows.
-
-    ``query`` [B, Hq, D]; ``k_cache``/``v_cache`` [P, Hk, D(v)]; ``req_to_token`` [R, L];
-    returns [B, Hq, Dv]. Shapes depend on B and L only (graph-safe).
-    """
-    rows = req_to_token.index_select(0, req_pool_indices.long())  # [B, L]
-    return masked_table_attention(query, k_cache, v_cache, rows, seq_lens, scaling, enable_gqa)
-
-
-def _requests_sdpa(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor,
-    scaling: float | None,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """SDPA of ``n`` query tokens per request: ``query`` [B * n, Hq, D], ``keys`` /
-    ``values`` [B, Hk, K, D(v)], ``mask`` [B, n, K] bool; returns [B * n, Hq, Dv]."""
-    bs, n = mask.shape[0], mask.shape[1]
-    heads, dim = query.shape[1], query.shape[2]
-    out = scaled_dot_product_attention(
-        query.view(bs, n, heads, dim).transpose(1, 2),  # [B, Hq, n, D]
-        keys,
-        values,
-        attn_mask=mask.unsqueeze(1),
-        scale=scaling,
-        enable_gqa=enable_gqa,
-    )
-    return out.transpose(1, 2).reshape(bs * n, heads, -1)
-
-
-def masked_extend_attention(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scaling: float | None,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """A causal extend of the same ``n`` tokens per request (a model draft's draft extend):
-    ``seq_lens`` counts them, so query ``j`` of request ``i`` reads its first
-    ``seq_lens[i] - n + j + 1`` KV rows (at least one: padded requests stay finite).
-
-    ``query`` [B * n, Hq, D]; returns [B * n, Hq, Dv]. Shapes depend on B, n and the pool
-    width only (graph-safe).
-    """
-    bs = req_pool_indices.shape[0]
-    n = query.shape[0] // bs
-    width = req_to_token.shape[1]
-    rows = req_to_token.index_select(0, req_pool_indices.long())  # [B, L]
-    keys, values = _gather_kv(k_cache, v_cache, rows, query.dtype)  # [B, Hk, L, D(v)]
-    step = torch.arange(n, device=query.device)
-    limit = (seq_lens.reshape(-1, 1).to(step.dtype) - n + step.unsqueeze(0) + 1).clamp(min=1)
-    positions = torch.arange(width, device=query.device)
-    mask = positions.view(1, 1, width) < limit.unsqueeze(2)  # [B, n, L]
-    return _requests_sdpa(query, keys, values, mask, scaling, enable_gqa)
-
-
-def masked_verify_attention(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    draft_slots: torch.Tensor,
-    visible: torch.Tensor,
-    scaling: float | None,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """``n`` draft tokens per request over its first ``seq_lens[i]`` committed KV rows
-    plus the drafts ``visible[i]`` marks (``[B, n, n]`` bool, row = query).
-
-    ``query`` [B * n, Hq, D]; ``draft_slots`` [B, n] (the drafts' KV slots); returns
-    [B * n, Hq, Dv]. Shapes depend on B, n and the pool width only (graph-safe).
-    """
-    bs, n = draft_slots.shape
-    width = req_to_token.shape[1]
-    rows = req_to_token.index_select(0, req_pool_indices.long()).long()  # [B, L]
-    slots = torch.cat([rows, draft_slots.long()], dim=1)  # [B, L + n]
-    keys, values = _gather_kv(k_cache, v_cache, slots, query.dtype)  # [B, Hk, L + n, D(v)]
-    positions = torch.arange(width, device=query.device)
-    prefix = positions.unsqueeze(0) < seq_lens.unsqueeze(1).to(positions.dtype)  # [B, L]
-    mask = torch.cat([prefix.unsqueeze(1).expand(bs, n, width), visible], dim=2)
-    return _requests_sdpa(query, keys, values, mask, scaling, enable_gqa)
-
-
-def stage_verify_mask(buffer: torch.Tensor, custom_mask: torch.Tensor | None) -> None:
-    """Copy a verify input's tree mask (the per-request ``n x n`` layout the CPU engine
-    builds, QLEN_ONLY) into the static ``[max_bs, n, n]`` buffer; rows past the batch
-    (padding) get a causal mask. Raises on a mask in another layout."""
-    max_bs, n, _ = buffer.shape
-    causal = torch.ones(n, n, dtype=torch.bool, device=buffer.device).tril()
-    rows = 0
-    if custom_mask is not None and custom_mask.numel() > 0:
-        if custom_mask.numel() % (n * n):
-            raise ValueError(
-                f"CPU graphs: verify mask of {custom_mask.numel()} entries is not the "
-                f"per-request {n}x{n} layout; run this server without "
-                "SGLANG_SPEC_EXT_CPU_GRAPHS"
-            )
-        rows = min(custom_mask.numel() // (n * n), max_bs)
-        eye = torch.eye(n, dtype=torch.bool, device=buffer.device)
-        flat = custom_mask.reshape(-1)[: rows * n * n] != 0
-        buffer[:rows].copy_(flat.view(rows, n, n) | eye)
-    buffer[rows:].copy_(causal.expand(max_bs - rows, n, n))
 
 
 def init_forward_metadata_out_graph_hook(
@@ -220,8 +71,6 @@ def init_forward_metadata_out_graph_hook(
     n = int(spec_info.draft_token_num)
     in_capture = bool(kw.get("in_capture", a[0] if a else False))
     if getattr(spec_info, "ragged_verify_layout", None) is not None:
-        from sglang_spec_ext.sglang.cpu.ragged_attention import stage_ragged
-
         stage_ragged(self, spec_info, n, max_bs, in_capture)
         return result
     masks = self.__dict__.setdefault("_graph_verify_masks", {})
@@ -278,8 +127,6 @@ def forward_hook(
         return out.reshape(-1, heads * layer.v_head_dim)
     layout = getattr(forward_batch.spec_info, "ragged_verify_layout", None)
     if layout is not None:
-        from sglang_spec_ext.sglang.cpu.ragged_attention import masked_ragged_verify_attention
-
         out = masked_ragged_verify_attention(
             q.reshape(-1, heads, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),

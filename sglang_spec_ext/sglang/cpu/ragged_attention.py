@@ -10,7 +10,7 @@ work on them (graph-safe; shapes depend on ``T``, the slot count and the width o
 
 * each slot's rows are gathered into a padded ``[slots, n]`` query block (``n`` the
   width the graph was captured at), its draft KV slots likewise;
-* :func:`~.graph_attention.masked_verify_attention` attends them over the slot's
+* :func:`~.masked_attention.masked_verify_attention` attends them over the slot's
   committed prefix and the drafts its tree mask row marks, keys past the slot's length
   masked out;
 * the rows are scattered back to the packed order (tokens of no slot get zeros).
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from sglang_spec_ext.sglang.cpu.graph_attention import masked_verify_attention
+from sglang_spec_ext.sglang.cpu.masked_attention import masked_verify_attention
 
 
 def masked_ragged_verify_attention(

@@ -83,10 +83,15 @@ def _host_server_args() -> Any:
         return None
 
 
-def _is_plugin_algorithm(spec_algorithm: Any) -> bool:
-    from sglang_spec_ext.sglang.serving.spec_class import ModelFreeSpecAlgo
+#: The spec classes that opt in (by name: ``serving/spec_class.py`` imports this module).
+OPTING_SPEC_CLASSES = ("sglang_spec_ext.sglang.serving.spec_class.ModelFreeSpecAlgo",)
 
-    return isinstance(spec_algorithm, ModelFreeSpecAlgo)
+
+def _is_plugin_algorithm(spec_algorithm: Any) -> bool:
+    return any(
+        f"{cls.__module__}.{cls.__qualname__}" in OPTING_SPEC_CLASSES
+        for cls in type(spec_algorithm).__mro__
+    )
 
 
 def compact_graphs_hook(original: Callable[..., bool], spec_algorithm: Any) -> bool:
