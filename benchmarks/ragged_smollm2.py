@@ -58,6 +58,9 @@ CONFIGS = {
         {**STATS, "SGLANG_SPEC_EXT_RAGGED_VERIFY": "0", "SGLANG_SPEC_EXT_DRAFT_GATE": "0"},
     ),
     "SUFFIX ragged ungated": (SUFFIX, {**STATS, "SGLANG_SPEC_EXT_DRAFT_GATE": "0"}),
+    # Overlap scheduling on the speculative server as on the plain one (the CPU engine
+    # overlaps plain decoding only; SGLANG_SPEC_EXT_CPU_OVERLAP is the GPU path's emulation).
+    "SUFFIX ragged overlap": (SUFFIX, {**STATS, "SGLANG_SPEC_EXT_CPU_OVERLAP": "1"}),
 }
 DEFAULT_CONFIGS = ("plain", "SUFFIX padded", "adaptive padded", "SUFFIX ragged")
 

@@ -113,48 +113,28 @@ def forward_hook(
         )
     heads = layer.tp_q_head_num
     bs = forward_batch.req_pool_indices.shape[0]
-    if mode.is_draft_extend_v2():
-        out = masked_extend_attention(
-            q.reshape(-1, heads, layer.qk_head_dim),
-            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
-            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            self.req_to_token_pool.req_to_token,
-            forward_batch.req_pool_indices,
-            forward_batch.seq_lens[:bs],
-            layer.scaling,
-            heads != layer.tp_k_head_num,
-        )
-        return out.reshape(-1, heads * layer.v_head_dim)
-    layout = getattr(forward_batch.spec_info, "ragged_verify_layout", None)
-    if layout is not None:
-        out = masked_ragged_verify_attention(
-            q.reshape(-1, heads, layer.qk_head_dim),
-            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
-            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            self.req_to_token_pool.req_to_token,
-            forward_batch.req_pool_indices,
-            forward_batch.seq_lens[:bs],
-            forward_batch.out_cache_loc,
-            layout.verify_lens,
-            layout.qo_indptr_device,
-            self._graph_ragged_mask[:bs],
-            layer.scaling,
-            heads != layer.tp_k_head_num,
-        )
-        return out.reshape(-1, heads * layer.v_head_dim)
-    n = int(forward_batch.spec_info.draft_token_num)
-    out = masked_verify_attention(
-        q.reshape(-1, heads, layer.qk_head_dim),
+    query = q.reshape(-1, heads, layer.qk_head_dim)
+    kv = (  # the KV pool and each request's rows and committed length
         self.token_to_kv_pool.get_key_buffer(layer.layer_id),
         self.token_to_kv_pool.get_value_buffer(layer.layer_id),
         self.req_to_token_pool.req_to_token,
         forward_batch.req_pool_indices,
         forward_batch.seq_lens[:bs],
-        forward_batch.out_cache_loc[: bs * n].view(bs, n),
-        self._graph_verify_masks[n][:bs],
-        layer.scaling,
-        heads != layer.tp_k_head_num,
     )
+    gqa = heads != layer.tp_k_head_num
+    layout = getattr(forward_batch.spec_info, "ragged_verify_layout", None)
+    if mode.is_draft_extend_v2():
+        out = masked_extend_attention(query, *kv, layer.scaling, gqa)
+    elif layout is not None:
+        out = masked_ragged_verify_attention(
+            query, *kv, forward_batch.out_cache_loc, layout.verify_lens,
+            layout.qo_indptr_device, self._graph_ragged_mask[:bs], layer.scaling, gqa,
+        )  # fmt: skip
+    else:
+        n = int(forward_batch.spec_info.draft_token_num)
+        slots = forward_batch.out_cache_loc[: bs * n].view(bs, n)
+        mask = self._graph_verify_masks[n][:bs]
+        out = masked_verify_attention(query, *kv, slots, mask, layer.scaling, gqa)
     return out.reshape(-1, heads * layer.v_head_dim)
 
 
