@@ -184,6 +184,18 @@ FIELDS: tuple[Field, ...] = (
         "(sglang/verify/ragged_graphs.py)",
     ),
     Field(
+        "verify_graph_widths",
+        int,
+        -1,
+        "adaptive SUFFIX under CUDA graphs: how many of the controller's verify widths get "
+        "target verify graphs of their own besides the startup width's (the narrowest ones: "
+        "the widths large batches use, and the smallest graphs); a width without graphs "
+        "verifies eagerly. Bounds the per-width graph memory the start-up check sizes. -1: "
+        "every width the controller can choose",
+        -1,
+        64,
+    ),
+    Field(
         "grammar_drafts",
         bool,
         True,

@@ -221,6 +221,28 @@ def test_adaptive_suffix_under_graphs_parity(
     assert graph_steps > 0
 
 
+def test_adaptive_suffix_verify_graph_widths_bound(
+    tiny_model_dir, tiny_baseline_server, start_server, tok
+):
+    """SGLANG_SPEC_EXT_VERIFY_GRAPH_WIDTHS=1: graphs at the startup width and the
+    narrowest other width only, the start-up log names the widths left without graphs,
+    and output stays plain serving's whichever width the controller picks."""
+    server = start_server(
+        tiny_model_dir, "--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens",
+        str(WIDTH), "--cuda-graph-bs-decode", *map(str, CAPTURE_BS),
+        env={ENV: "1", "SGLANG_SPEC_EXT_ADAPTIVE": "1",
+             "SGLANG_SPEC_EXT_ADAPTIVE_PROBE_INTERVAL": "4",
+             "SGLANG_SPEC_EXT_VERIFY_GRAPH_WIDTHS": "1"},
+    )  # fmt: skip
+    prompts = [_ids(tok, text) for text in PROMPTS[:4]]
+    want = [_greedy(tiny_baseline_server, ids) for ids in prompts]
+    with cf.ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda ids: _greedy(server, ids), prompts)) == want
+    log = _log(server)
+    assert log.count(CAPTURE_MESSAGE) == len(CAPTURE_BS) * 2, server.log_tail()
+    assert "verify without graphs of their own (SGLANG_SPEC_EXT_VERIFY_GRAPH_WIDTHS=1)" in log
+
+
 # ---------------------------------------------------------------------------
 # Model drafts: the target verify, the multi-step draft and the draft extend replay
 # graphs (the host skips the draft's two runners on CPU; cpu_draft_graphs.py builds them)

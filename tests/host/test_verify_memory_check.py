@@ -106,3 +106,25 @@ def test_adaptive_suffix_counts_a_verify_graph_per_width_it_can_choose():
     widths = [64, *(w for w in verify_graph_widths(64) if w != 64)]
     assert len(widths) > 2
     assert f"{len(widths)} graph runner(s) of widths {widths}" in res["message"], res["message"]
+
+
+def test_verify_graph_widths_bounds_the_widths_sized(monkeypatch):
+    """SGLANG_SPEC_EXT_VERIFY_GRAPH_WIDTHS=2: graphs at the startup width and the two
+    narrowest widths the controller can choose (the rest verify eagerly); the check sizes
+    exactly those."""
+    from sglang_spec_ext.sglang.workers.adaptive_worker import (
+        verify_graph_widths,
+        verify_graph_widths_all,
+    )
+
+    env = {"SGLANG_SPEC_EXT_ADAPTIVE": "1", "SGLANG_SPEC_EXT_VERIFY_GRAPH_WIDTHS": "2"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    every = verify_graph_widths_all(64)
+    assert verify_graph_widths(64) == (*every[:2], 64)
+    res = _run("SUFFIX", 3.0, env=env)
+    assert res["outcome"] == "VerifyMemoryError", res
+    widths = [64, *every[:2]]
+    assert f"3 graph runner(s) of widths {widths}" in res["message"], res["message"]
+    monkeypatch.setenv("SGLANG_SPEC_EXT_VERIFY_GRAPH_WIDTHS", "-1")
+    assert verify_graph_widths(64) == every and len(every) > 3

@@ -65,10 +65,20 @@ def adaptive_config_for(max_width: int) -> AdaptiveConfig:
 
 
 def verify_graph_widths(max_width: int) -> tuple[int, ...]:
-    """The verify widths the controller can choose (its candidate draft lengths + 1,
-    capped by the startup width): each gets its own target verify graphs."""
+    """The verify widths with target verify graphs: the startup width and the widths the
+    controller can choose (its candidate draft lengths + 1, capped by the startup width),
+    the narrowest ``SGLANG_SPEC_EXT_VERIFY_GRAPH_WIDTHS`` of the latter where that is set."""
+    others = list(verify_graph_widths_all(max_width)[:-1])
+    keep = plugin_config().verify_graph_widths
+    if keep >= 0:
+        others = others[:keep]
+    return (*others, max_width)
+
+
+def verify_graph_widths_all(max_width: int) -> tuple[int, ...]:
+    """Every verify width the controller can choose, ascending (the startup width last)."""
     ks = adaptive_config_for(max_width).ks
-    return tuple(sorted({min(k + 1, max_width) for k in ks} | {max_width}))
+    return (*sorted({min(k + 1, max_width) for k in ks} - {max_width}), max_width)
 
 
 class AdaptiveSuffixWorker(SuffixWorker):
@@ -95,8 +105,16 @@ class AdaptiveSuffixWorker(SuffixWorker):
         self._verify_backends = VerifyWidthBackends(self.model_runner, self.max_width)
         # Graphs first: a width with graphs verifies on its graphs' backend, so prepare()
         # then builds eager backends only for the widths without.
-        self._verify_backends.prepare_graphs(verify_graph_widths(self.max_width))
+        graph_widths = verify_graph_widths(self.max_width)
+        self._verify_backends.prepare_graphs(graph_widths)
         self._verify_backends.prepare(range(1, self.max_width + 1))
+        if self._verify_backends.startup_graphs is not None:
+            eager = sorted(set(verify_graph_widths_all(self.max_width)) - set(graph_widths))
+            if eager:
+                logger.info("SUFFIX adaptive: verify graphs at widths %s; widths %s verify "
+                            "without graphs of their own (SGLANG_SPEC_EXT_VERIFY_GRAPH_WIDTHS="
+                            "%d)", list(graph_widths), eager,
+                            plugin_config().verify_graph_widths)  # fmt: skip
 
     # -- the step ----------------------------------------------------------------
     def forward_batch_generation(
