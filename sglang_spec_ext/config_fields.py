@@ -100,7 +100,12 @@ FIELDS: tuple[Field, ...] = (
         1 << 30,
     ),
     Field("cache_prompts", bool, True, "insert prompts (not only outputs) into the global tree"),
-    Field("use_tree", bool, True, "draft trees (True) or single chains (False)"),
+    Field(
+        "use_tree",
+        bool,
+        True,
+        "draft trees (True) or single chains (False: what FA3 verifies ragged)",
+    ),
     Field(
         "merge_drafts",
         bool,

@@ -122,6 +122,12 @@ def install_runtime_hooks() -> list[str]:
         )
     if _host_runs_cpu_engine():
         installed += _install_cpu_engine(config)
+    elif config.ragged_verify and config.ragged_graphs:
+        # Token-bucket verify graphs for chain drafts on FA3 / trtllm_mha (inert unless
+        # SUFFIX's spec class opts in: verify/ragged_graphs.py).
+        from sglang_spec_ext.sglang.verify.ragged_graphs import install_ragged_graphs
+
+        installed += install_ragged_graphs()
     return installed
 
 
@@ -148,8 +154,8 @@ def _install_cpu_engine(config: PluginConfig) -> list[str]:
     graphs = install_cpu_graphs()  # only with SGLANG_SPEC_EXT_CPU_GRAPHS=1
     installed += graphs
     if graphs and config.ragged_verify and config.ragged_graphs:
-        # Token-bucket verify graphs: only the emulation's attention has a ragged tree
-        # verify in graphs (verify/ragged_graphs.py).
+        # Token-bucket verify graphs: on the CPU engine only the graph emulation has a
+        # ragged verify in graphs (verify/ragged_graphs.py).
         from sglang_spec_ext.sglang.verify.ragged_graphs import install_ragged_graphs
 
         installed += install_ragged_graphs()

@@ -6,7 +6,9 @@ the draft extend eagerly). A repeated request's answer is in the global suffix t
 its second run drafts the whole answer: accepted beyond the model's width, greedy output
 identical to plain serving, sampled requests and concurrency with prefills in between
 still served, concurrent wide steps verifying each row at its own length (ragged: the
-CPU engine's verify attention). The control server (suffix width 4) never goes wide."""
+CPU engine's verify attention). The control server (suffix width 4) never goes wide. One
+server drafts suffix chains (SGLANG_SPEC_EXT_USE_TREE=0): its wide steps hand the target
+the host's RaggedVerifyLayout, read as the host's FA3 backend reads it."""
 
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ SERVERS = {
     ),
     "tree": (TOPK2, {OVERLAP_ENV: "0", GRAPHS_ENV: "0"}),
     "control": (TOPK1, {"SGLANG_SPEC_EXT_HYBRID_SUFFIX_WIDTH": "4"}),
+    # Suffix drafts as chains: every row of a wide step a chain, verified through the
+    # host-layout route (the host's RaggedVerifyLayout read as FA3 reads it).
+    "chains": (TOPK1, {OVERLAP_ENV: "0", GRAPHS_ENV: "0", "SGLANG_SPEC_EXT_USE_TREE": "0"}),
 }
 
 
@@ -55,7 +60,7 @@ def _stats(server) -> dict:
     return json.loads(lines[-1].split(STATS_LOG_MARK, 1)[1])
 
 
-@pytest.mark.parametrize("name", ["eager", "graphs-overlap", "tree", "control"])
+@pytest.mark.parametrize("name", ["eager", "graphs-overlap", "tree", "control", "chains"])
 def test_repeated_requests_go_wide_with_plain_output(tiny_baseline_server, servers, tok, name):
     server = servers[name]
     cases = _cases(tok)[:6]
@@ -74,6 +79,26 @@ def test_repeated_requests_go_wide_with_plain_output(tiny_baseline_server, serve
     assert wide["suffix_width"] == 16
     assert wide["wide_steps"] > 0 and wide["wide_rows"] > 0
     assert best > 4.0, "no request accepted beyond the model's verify width"
+    route = "the host's ragged layout" if name == "chains" else "the plugin's tree verify"
+    log = server.log_path.read_text(errors="replace")
+    assert f"wide steps verify each row at its own length (ragged: {route}" in log
+
+
+def test_chain_rows_verify_ragged_through_the_hosts_layout(servers, tok):
+    server = servers["chains"]
+    # Repeated requests (long suffix chains) beside new ones (the model's chains) in
+    # concurrent wide steps: rows of their own length.
+    prompts = [ids for _, ids in _cases(tok)[:3]] + [ids for _, ids in _cases(tok)[6:]]
+    prompts += [[t + 1 for t in ids] for _, ids in _cases(tok)[:3]]
+    for _ in range(2):
+        with cf.ThreadPoolExecutor(len(prompts)) as pool:
+            list(pool.map(lambda ids: _greedy(server, ids, 24), prompts))
+    wide = _stats(server)["wide"]
+    assert wide["wide_ragged_verify_steps"] > 0, wide
+    assert (
+        "HYBRID: suffix drafts are chains (SGLANG_SPEC_EXT_USE_TREE=0)"
+        in server.log_path.read_text(errors="replace")
+    )
 
 
 def test_concurrent_and_sampled_requests_under_wide_steps(tiny_baseline_server, servers, tok):

@@ -10,7 +10,11 @@ for token with concurrent requests, and its drafter-stats line must show ragged 
 that put fewer tokens through the target than the padded verify would have. The same
 server with ``SGLANG_SPEC_EXT_RAGGED_VERIFY=0`` verifies every token of its width. One
 server runs the draft gate's per-request lengths (each draft cut to the nodes worth their
-verify cost) on the GPU default path's emulation.
+verify cost) on the GPU default path's emulation. Two serve chain drafts
+(``SGLANG_SPEC_EXT_USE_TREE=0``) through the host-layout route: the verify input carries
+the host's ``RaggedVerifyLayout`` and the CPU attention reads it with FA3's causal varlen
+semantics on the geometry the host builds (``cpu/causal_ragged_attention.py``), the
+contract FA3 and trtllm_mha read on a GPU.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ NEW_TOKENS = 32
 SUFFIX = ("--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", str(WIDTH))
 STATS = {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}
 GATED = {"SGLANG_SPEC_EXT_DRAFT_GATE": "1", "SGLANG_SPEC_EXT_DRAFT_GATE_COST": "2"}
+CHAINS = {"SGLANG_SPEC_EXT_USE_TREE": "0"}
 SERVED = {
     "ragged": ((), {}),
     "ragged-overlap": ((), {OVERLAP_ENV: "1"}),
@@ -49,6 +54,13 @@ SERVED = {
         {GRAPHS_ENV: "1", OVERLAP_ENV: "1", **GATED},
     ),
     "padded": ((), {"SGLANG_SPEC_EXT_RAGGED_VERIFY": "0"}),
+    # Chain drafts (topk 1): the host-layout route, the verify input carrying the host's
+    # RaggedVerifyLayout read with FA3's causal varlen semantics (ragged_backends.py).
+    "chains-ragged": ((), CHAINS),
+    "chains-ragged-graphs+overlap": (
+        ("--cuda-graph-bs-decode", "1", "2", "4", "8"),
+        {GRAPHS_ENV: "1", OVERLAP_ENV: "1", **CHAINS},
+    ),
 }
 
 
@@ -101,6 +113,8 @@ def test_greedy_parity_with_concurrent_requests(servers, tiny_baseline_server, p
         assert stats["bucket_tokens_per_step"] < stats["padded_verify_tokens_per_step"], stats
     else:
         assert stats["bucket_verify_steps"] == 0, stats
+    # Chains hand the forward the host's layout (eager steps read it as FA3 does).
+    assert (stats["host_layout_verify_steps"] > 0) == name.startswith("chains"), stats
     if "gated" in name:  # drafts were cut per request, some nodes verified
         assert 0 < stats["lengths_nodes_verified"] < stats["lengths_nodes_drafted"], stats
 
@@ -112,3 +126,5 @@ def test_start_up_line_names_the_verify(servers):
         assert want in log, (name, server.log_tail())
         buckets = "graphs" in name and "eager-verify" not in name
         assert ("token buckets" in log) == buckets, (name, server.log_tail())
+        route = "the host's ragged layout" if name.startswith("chains") else "tree verify"
+        assert name == "padded" or route in log, (name, server.log_tail())

@@ -144,6 +144,12 @@ def _args(**kw):
     return SimpleNamespace(**{**base, **kw})
 
 
+def _gpu(**kw):
+    return _args(
+        **{"device": "cuda", "speculative_eagle_topk": 1, "disable_cuda_graph": False, **kw}
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "graphs", "env", "want"),
     [
@@ -154,6 +160,15 @@ def _args(**kw):
         (_args(enable_lora=True), True, {}, False),  # the host's compact runner refuses LoRA
         (_args(attention_backend="triton"), True, {}, False),
         (_args(speculative_num_draft_tokens=1), True, {}, False),
+        # A GPU: FA3 / trtllm_mha with chain drafts (their ragged verify is causal).
+        (_gpu(attention_backend="fa3"), False, {}, True),
+        (_gpu(attention_backend="trtllm_mha"), False, {}, True),
+        (_gpu(attention_backend="fa3", speculative_eagle_topk=8), False, {}, False),  # trees
+        (_gpu(attention_backend="flashinfer"), False, {}, False),  # refuses ragged in graphs
+        (_gpu(attention_backend="triton"), False, {}, False),
+        (_gpu(attention_backend="fa3", disable_cuda_graph=True), False, {}, False),
+        (_gpu(attention_backend="fa3"), False, {"SGLANG_SPEC_EXT_RAGGED_GRAPHS": "0"}, False),
+        (_gpu(attention_backend="fa3", device="cpu"), False, {}, False),
     ],
 )
 def test_ragged_graphs_wanted(monkeypatch, args, graphs, env, want):

@@ -10,13 +10,8 @@ import pytest
 import torch
 
 from sglang_spec_ext.sglang.cpu.fallbacks.verify_attention import tree_verify_attention
-from sglang_spec_ext.sglang.verify.ragged import (
-    LENS_ATTR,
-    RaggedTarget,
-    RaggedVerify,
-    draft_lens,
-    ragged_backend_problem,
-)
+from sglang_spec_ext.sglang.verify.ragged import RaggedTarget, RaggedVerify, draft_lens
+from sglang_spec_ext.sglang.verify.ragged_backends import LENS_ATTR, RaggedRoute, ragged_route
 from sglang_spec_ext.suffix.draft import DraftTree
 from sglang_spec_ext.verify.layout import pack_batch, retrieve_links
 
@@ -117,7 +112,8 @@ class _Target:
     def forward_batch_generation(self, batch, **kwargs):
         spec = batch.spec_info
         self.seen = (batch.input_ids.clone(), batch.out_cache_loc.clone(),
-                     spec.positions.clone(), getattr(spec, LENS_ATTR))  # fmt: skip
+                     spec.positions.clone(), getattr(spec, LENS_ATTR, None))  # fmt: skip
+        self.layout = getattr(spec, "ragged_verify_layout", None)
         if self.fail:
             raise RuntimeError("forward failed")
         n = batch.input_ids.numel()
@@ -163,13 +159,53 @@ def test_a_failed_forward_still_restores_the_batch():
     assert getattr(batch.spec_info, LENS_ATTR) is None
 
 
-def test_only_the_cpu_engines_backend_runs_it():
+def test_routes_per_backend_and_draft_shape():
     class TorchNativeAttnBackend:  # noqa: N801 - named as the host's class
+        pass
+
+    class FlashAttentionBackend:  # noqa: N801 - stands in for FA3 (needs a GPU)
         pass
 
     class TritonAttnBackend:  # noqa: N801
         pass
 
-    assert ragged_backend_problem(SimpleNamespace(attn_backend=TorchNativeAttnBackend())) is None
-    problem = ragged_backend_problem(SimpleNamespace(attn_backend=TritonAttnBackend()))
-    assert "TritonAttnBackend" in problem and "padded" in problem
+    def route(backend, chains):
+        return ragged_route(SimpleNamespace(attn_backend=backend()), chains)
+
+    tree, problem = route(TorchNativeAttnBackend, chains=False)
+    assert problem is None and not tree.host_layout
+    chain, problem = route(TorchNativeAttnBackend, chains=True)
+    assert problem is None and chain.host_layout  # FA3's contract, emulated on the CPU
+    fa3, problem = route(FlashAttentionBackend, chains=True)
+    assert problem is None and fa3.host_layout and "FlashAttentionBackend" in fa3.describe()
+    none, problem = route(FlashAttentionBackend, chains=False)
+    assert none is None and "SGLANG_SPEC_EXT_USE_TREE=0" in problem and "causal" in problem
+    none, problem = route(TritonAttnBackend, chains=True)
+    assert none is None and "TritonAttnBackend" in problem and "padded" in problem
+
+
+def test_the_host_layout_route_hands_the_forward_the_hosts_layout():
+    from sglang.srt.speculative.ragged_verify import (
+        RaggedVerifyLayout,
+        build_ragged_target_verify_geometry,
+    )
+
+    width = 4
+    batch = _batch([DraftTree([7], [-1]), DraftTree([5, 6, 9], [-1, 0, 1])], width)
+    ragged = RaggedVerify(RaggedRoute("FlashAttentionBackend", host_layout=True))
+    ragged.set_lens(draft_lens([1, 3], width))
+    ragged.plan(batch, width)
+    target = _Target()
+    ragged.target(target).forward_batch_generation(batch, is_verify=True)
+    layout = target.layout
+    assert isinstance(layout, RaggedVerifyLayout) and target.seen[3] is None
+    assert layout.verify_lens_cpu == [2, 4] and layout.graph_num_tokens == 6
+    host = RaggedVerifyLayout.from_verify_lens(verify_lens_cpu=[2, 4], device="cpu", grid=[6])
+    for field in ("verify_lens", "qo_indptr_device", "extend_start_loc"):
+        assert torch.equal(getattr(layout, field), getattr(host, field)), field
+    # What FA3 builds from it: the compact rows in request order, each request's keys its
+    # committed tokens plus its own verified ones.
+    geometry = build_ragged_target_verify_geometry(seq_lens=torch.tensor([5, 9]), layout=layout)
+    assert geometry.cu_seqlens_q.tolist() == [0, 2, 6]
+    assert geometry.cache_seqlens_int32.tolist() == [7, 13]
+    assert batch.spec_info.ragged_verify_layout is None  # dropped after the forward

@@ -16,18 +16,19 @@ and sampling verify, the KV moves, the overlap relay. What changes, per verify s
   exact now; only the padded row's own prediction is no longer computed.
 * :class:`RaggedTarget` (the target worker during the verify forward): the batch's
   input ids, KV slots and the verify input's positions are swapped for the compact ones
-  (``sum L_i`` rows, in request order), the verify input carries the lengths
-  (``ragged_lens_cpu``) for the attention backend, and after the forward the logits
-  are scattered back to ``[bs * W, vocab]`` rows (padding rows zero: unreachable) and
-  every swapped field restored, so the host's verify reads the layout it built.
+  (``sum L_i`` rows, in request order), the verify input carries the lengths where
+  the attention backend reads them (``ragged_backends.py``: the plugin's tree verify
+  reads ``ragged_lens_cpu``, FA3 / trtllm_mha read the host's ``RaggedVerifyLayout``),
+  and after the forward the logits are scattered back to ``[bs * W, vocab]`` rows
+  (padding rows zero: unreachable) and every swapped field restored, so the host's
+  verify reads the layout it built.
 
-Which attention backend can run a ragged target verify: the CPU engine's ``torch_native``
-with the plugin's verify attention (``cpu/fallbacks/verify_attention`` reads
-``ragged_lens_cpu``). The GPU backends keep today's padded verify: the host's own ragged
-layout (``srt/speculative/ragged_verify.py``, built for DSPARK) is causal on FA3 (chain
-drafts only), refused under graphs by flashinfer and absent from triton, and SUFFIX's
-drafts are trees. Under CUDA graphs the target's verify graphs are keyed by total verify
-tokens where the backend has a ragged tree verify in graphs (``ragged_graphs.py``): the
+Which attention backend can run a ragged target verify, and for which drafts
+(``ragged_backends.py``): the CPU engine's ``torch_native`` with the plugin's verify
+attention, trees and chains; the host's FA3 and trtllm_mha through the host's own layout,
+causal, so chain drafts only (``SGLANG_SPEC_EXT_USE_TREE=0``); flashinfer and triton
+keep the padded verify. Under CUDA graphs the target's verify graphs are keyed by total
+verify tokens where the backend has a ragged verify in graphs (``ragged_graphs.py``): the
 compact forward is padded to its token bucket and carries the host's layout; elsewhere a
 ragged step runs the target forward eagerly (graphs captured for ``bs * W`` tokens).
 
@@ -44,27 +45,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from sglang_spec_ext.sglang.verify.ragged_backends import (
+    TREE_ROUTE_BACKENDS,
+    RaggedRoute,
+    carry_lens,
+    drop_lens,
+)
 from sglang_spec_ext.sglang.verify.ragged_graphs import bucket_layout
 
 logger = logging.getLogger("sglang_spec_ext")
-
-#: Attention backends whose target verify reads ``spec_info.ragged_lens_cpu``.
-RAGGED_BACKENDS = ("TorchNativeAttnBackend",)
-#: The attribute a ragged verify input carries during the target forward.
-LENS_ATTR = "ragged_lens_cpu"
-
-
-def ragged_backend_problem(model_runner: Any) -> str | None:
-    """Why the target's attention backend cannot run a ragged verify (None: it can)."""
-    backend = getattr(model_runner, "attn_backend", None)
-    name = type(backend).__name__
-    if name in RAGGED_BACKENDS:
-        return None
-    return (
-        f"the {name} attention backend has no ragged target verify in this plugin "
-        f"(only {', '.join(RAGGED_BACKENDS)}, the CPU engine's); verify stays padded to "
-        "the batch's width"
-    )
 
 
 @dataclass
@@ -77,6 +66,7 @@ class RaggedStats:
     padded_tokens: int = 0  # what the padded verify would have put through
     bucket_steps: int = 0  # verify forwards laid out for a token-bucket graph
     bucket_tokens: int = 0  # their buckets' tokens (verified plus the bucket's padding)
+    host_layout_steps: int = 0  # verify forwards handed the host's RaggedVerifyLayout
 
     def count(self, lens: np.ndarray, width: int, ragged: bool, padded_width: int) -> None:
         self.steps += 1
@@ -96,6 +86,7 @@ class RaggedStats:
             "padded_verify_tokens_per_step": round(self.padded_tokens / steps, 3),
             "bucket_verify_steps": self.bucket_steps,
             "bucket_tokens_per_step": round(self.bucket_tokens / max(self.bucket_steps, 1), 3),
+            "host_layout_verify_steps": self.host_layout_steps,
         }
 
 
@@ -112,7 +103,10 @@ class RaggedVerify:
     """Per-worker ragged verify (see the module doc). ``lens`` of the step being verified
     are set by the worker's draft source (:meth:`set_lens`), the same on every TP rank."""
 
-    def __init__(self) -> None:
+    def __init__(self, route: RaggedRoute | None = None) -> None:
+        #: How the target's attention backend reads the lengths (``ragged_backends.py``),
+        #: set once the backends exist.
+        self.route = route or RaggedRoute(TREE_ROUTE_BACKENDS[0], host_layout=False)
         self.stats = RaggedStats()
         self._lens: np.ndarray | None = None
         self.plan_now: RaggedPlan | None = None
@@ -203,13 +197,13 @@ class RaggedTarget:
             self._ragged.stats.bucket_steps += 1
             self._ragged.stats.bucket_tokens += layout.graph_num_tokens
         batch.input_ids, batch.out_cache_loc, spec_info.positions = compact
-        setattr(spec_info, LENS_ATTR, plan.lens)
+        carry_lens(spec_info, plan.lens, self._ragged.route, keep.device)
+        self._ragged.stats.host_layout_steps += self._ragged.route.host_layout
         try:
             result = self._worker.forward_batch_generation(batch, *args, **kwargs)
         finally:
             batch.input_ids, batch.out_cache_loc, spec_info.positions = saved
-            setattr(spec_info, LENS_ATTR, None)
-            spec_info.ragged_verify_layout = None
+            drop_lens(spec_info)
         return _padded(result, plan)
 
 
@@ -218,9 +212,10 @@ class RaggedForwardTarget:
     before the call (the host's EAGLE verify, which HYBRID's wide steps run): the batch's
     input ids, positions and KV slots compacted, logits scattered back to padded rows."""
 
-    def __init__(self, worker: Any, plan: RaggedPlan) -> None:
+    def __init__(self, worker: Any, plan: RaggedPlan, route: RaggedRoute) -> None:
         self._worker = worker
         self._plan: RaggedPlan | None = plan
+        self._route = route
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._worker, name)
@@ -236,12 +231,12 @@ class RaggedForwardTarget:
         fb.input_ids, fb.positions, fb.out_cache_loc, spec_info.positions = (
             t.view(-1)[keep] for t in saved
         )
-        setattr(spec_info, LENS_ATTR, plan.lens)
+        carry_lens(spec_info, plan.lens, self._route, keep.device)
         try:
             result = self._worker.forward_batch_generation(*args, **kwargs)
         finally:
             fb.input_ids, fb.positions, fb.out_cache_loc, spec_info.positions = saved
-            setattr(spec_info, LENS_ATTR, None)
+            drop_lens(spec_info)
         return _padded(result, plan)
 
 

@@ -12,11 +12,12 @@ algorithm opts in through its spec class's ``supports_ragged_verify()``.
 
 SUFFIX (and adaptive SUFFIX) opt in where every part of that path exists
 (:func:`ragged_graphs_wanted`): ragged verify and ``SGLANG_SPEC_EXT_RAGGED_GRAPHS`` on,
-an attention backend with a ragged *tree* verify in graphs (the CPU engine's
-``torch_native`` under the graph emulation, ``cpu/ragged_attention.py``), no LoRA (the
-host's compact runner refuses it). The host's GPU backends do not qualify: FA3's ragged
-target verify is causal (chains, ``topk <= 1``) and SUFFIX's drafts are trees; flashinfer
-refuses a ragged verify in graphs; triton has none. What this module adds to the host:
+no LoRA (the host's compact runner refuses it), and an attention backend with a ragged
+verify in graphs for the drafts served: the CPU engine's ``torch_native`` under the graph
+emulation (trees, ``cpu/ragged_attention.py``), or the host's FA3 / trtllm_mha for chain
+drafts (their ragged verify is causal, ``ragged_backends.py``; SUFFIX drafts chains with
+``SGLANG_SPEC_EXT_USE_TREE=0``). flashinfer refuses a ragged verify in graphs; triton has
+none. What this module adds to the host:
 
 * :func:`compact_graphs_hook` (AROUND ``ragged_verify_compact_graphs_enabled``): the
   host turns compact mode on with ``SGLANG_RAGGED_VERIFY_MODE=compact`` for every
@@ -49,19 +50,21 @@ COMPACT_GATE_TARGET = (
 CAPTURE_SPEC_INFO_TARGET = (
     "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
 )
-#: Attention backends with a ragged tree verify inside graphs (the CPU emulation's).
-RAGGED_GRAPH_BACKENDS = ("TorchNativeAttnBackend",)
 
 
 def ragged_graphs_wanted(server_args: Any | None = None) -> bool:
     """Whether SUFFIX's verify graphs are token-bucket graphs in this server: ragged
-    verify and ragged graphs on, the CPU engine's graph emulation with ``torch_native``
-    attention, no LoRA."""
+    verify and ragged graphs on, no LoRA, and an attention backend with a ragged verify in
+    graphs for these drafts: the CPU engine's graph emulation with ``torch_native`` (trees
+    and chains), or on a GPU the host's FA3 / trtllm_mha with chain drafts
+    (``--speculative-eagle-topk 1``: ``SGLANG_SPEC_EXT_USE_TREE=0``; their ragged verify is
+    causal, ``ragged_backends.py``)."""
     from sglang_spec_ext.sglang.cpu.graphs import cpu_graphs_enabled
     from sglang_spec_ext.sglang.serving.server_args import plugin_config
+    from sglang_spec_ext.sglang.verify.ragged_backends import HOST_LAYOUT_BACKEND_FLAGS
 
     config = plugin_config()
-    if not (config.ragged_verify and config.ragged_graphs and cpu_graphs_enabled()):
+    if not (config.ragged_verify and config.ragged_graphs):
         return False
     if server_args is None:
         server_args = _host_server_args()
@@ -71,7 +74,14 @@ def ragged_graphs_wanted(server_args: Any | None = None) -> bool:
         return False
     if int(getattr(server_args, "speculative_num_draft_tokens", None) or 0) < 2:
         return False  # nothing to verify ragged (the worker keeps ragged verify off)
-    return getattr(server_args, "attention_backend", None) in (None, "torch_native")
+    backend = getattr(server_args, "attention_backend", None)
+    if cpu_graphs_enabled():
+        return backend in (None, "torch_native")
+    if str(getattr(server_args, "device", None) or "cuda").split(":", 1)[0] != "cuda":
+        return False
+    chains = int(getattr(server_args, "speculative_eagle_topk", None) or 1) <= 1
+    graphs = not getattr(server_args, "disable_cuda_graph", False)
+    return chains and graphs and backend in HOST_LAYOUT_BACKEND_FLAGS
 
 
 def _host_server_args() -> Any:
@@ -135,9 +145,11 @@ def bucket_layout(target_worker: Any, lens: list[int], device: Any) -> Any:
     grid = runner.capture_num_tokens
     if not grid or len(lens) > runner.max_bs or sum(lens) > grid[-1]:
         return None
-    from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
+    from sglang.srt.speculative.ragged_verify import round_up_grid
 
-    return RaggedVerifyLayout.from_verify_lens(verify_lens_cpu=lens, device=device, grid=grid)
+    from sglang_spec_ext.sglang.verify.ragged_backends import layout_from_lens
+
+    return layout_from_lens(lens, device, round_up_grid(total=int(sum(lens)), grid=grid))
 
 
 def ragged_graph_hooks() -> list[tuple[str, Any, Any]]:

@@ -49,8 +49,8 @@ from sglang_spec_ext.sglang.verify.ragged import (
     RaggedPlan,
     RaggedStats,
     compact_plan,
-    ragged_backend_problem,
 )
+from sglang_spec_ext.sglang.verify.ragged_backends import RaggedRoute, ragged_route
 from sglang_spec_ext.sglang.verify.rows import write_trees
 from sglang_spec_ext.sglang.verify.tree_mask import FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING
 from sglang_spec_ext.sglang.verify.widths import backend_name, reads_width_from_spec_info
@@ -194,7 +194,8 @@ class WideStepsMixin:
         self._suffix_trees = int(self.topk) > 1  # suffix drafts as trees (_resolve_wide)
         self._tree_step = False  # this step verifies suffix trees at start-up topk 1
         self._wide_blocked = False  # this step's verify input cannot be rebuilt (block_wide)
-        self._ragged_wide: bool | None = None  # wide steps verify each row at its own length
+        #: How wide steps' rows reach the target at their own lengths (None: padded).
+        self._ragged_route: RaggedRoute | None = None
         self._ragged_plan: RaggedPlan | None = None  # this step's compact target forward
         self._ragged_stats = RaggedStats()
         self._wide_cost = TokenCost(cost_prior)
@@ -224,14 +225,19 @@ class WideStepsMixin:
             logger.info("HYBRID: a winning suffix draft keeps up to %d tokens (wide steps verify "
                         "at up to width %d where the extra tokens pay; eager verify and draft "
                         "extend there)", self._wide_width - 1, self._wide_width)  # fmt: skip
-        if self._wide_width:
-            self._resolve_ragged()
-        if not self._suffix_trees:
+        from sglang_spec_ext.sglang.serving.server_args import plugin_config
+
+        if not plugin_config().use_tree:
+            self._suffix_trees = False
+            logger.info("HYBRID: suffix drafts are chains (SGLANG_SPEC_EXT_USE_TREE=0)")
+        elif not self._suffix_trees:
             problem = tree_rows_problem(self)
             self._suffix_trees = problem is None
             logger.info("HYBRID: suffix drafts are %s at --speculative-eagle-topk 1%s",
                         "trees" if problem is None else "chains",
                         "" if problem is None else f": {problem}")  # fmt: skip
+        if self._wide_width:
+            self._resolve_ragged()
         self._suffix = self._suffix_drafter()
 
     def _resolve_ragged(self) -> None:
@@ -239,11 +245,16 @@ class WideStepsMixin:
         from sglang_spec_ext.sglang.workers.suffix_ragged import _lora_problem
 
         problem = None if plugin_config().ragged_verify else "SGLANG_SPEC_EXT_RAGGED_VERIFY=0"
-        problem = problem or ragged_backend_problem(self.target_worker.model_runner)
+        route = None
+        if problem is None:
+            # Every row a chain: topk 1 and suffix drafts as chains (tree_rows_problem).
+            chains = int(self.topk) <= 1 and not self._suffix_trees
+            route, problem = ragged_route(self.target_worker.model_runner, chains)
         problem = problem or _lora_problem(self)
-        self._ragged_wide = problem is None
-        logger.info("HYBRID: wide steps verify %s", "each row at its own length (ragged)"
-                    if problem is None else f"padded to their width: {problem}")  # fmt: skip
+        self._ragged_route = route if problem is None else None
+        logger.info("HYBRID: wide steps verify %s", f"each row at its own length (ragged: "
+                    f"{route.describe()})" if problem is None
+                    else f"padded to their width: {problem}")  # fmt: skip
 
     @property
     def target_worker(self) -> Any:
@@ -252,15 +263,16 @@ class WideStepsMixin:
         plan = getattr(self, "_ragged_plan", None)  # also read by the host's __init__
         if plan is None:
             return self._target_worker
-        return RaggedForwardTarget(self._target_worker, plan)
+        return RaggedForwardTarget(self._target_worker, plan, self._ragged_route)
 
     def _plan_ragged(self, vi: Any, lens: np.ndarray, width: int) -> None:
         """A wide step's rows at their own length (``lens``: nodes, root excluded)."""
         lens = np.minimum(np.asarray(lens, dtype=np.int64) + 1, width)
-        ragged = bool(self._ragged_wide) and bool((lens < width).any())
+        ragged = self._ragged_route is not None and bool((lens < width).any())
         self._ragged_stats.count(lens, width, ragged, width)
         if ragged:
             self._ragged_plan = compact_plan(vi, lens, width)
+            self._ragged_stats.host_layout_steps += self._ragged_route.host_layout
 
     def init_attention_backends(self) -> None:
         super().init_attention_backends()  # type: ignore[misc]

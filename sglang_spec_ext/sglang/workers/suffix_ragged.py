@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_spec_ext.sglang.verify.ragged import RaggedVerify, draft_lens, ragged_backend_problem
+from sglang_spec_ext.sglang.verify.ragged import RaggedVerify, draft_lens
+from sglang_spec_ext.sglang.verify.ragged_backends import ragged_route
 from sglang_spec_ext.sglang.verify.ragged_graphs import compact_runner
 from sglang_spec_ext.suffix.draft import DraftTree
 
@@ -48,7 +49,8 @@ class RaggedStepsMixin:
             logger.info("SUFFIX: verify padded to the batch's width (SGLANG_SPEC_EXT_RAGGED_"
                         "VERIFY=0 or width 1)")  # fmt: skip
             return
-        problem = ragged_backend_problem(self.model_runner) or _lora_problem(self)
+        route, problem = ragged_route(self.model_runner, chains=int(self.topk) <= 1)
+        problem = problem or _lora_problem(self)
         if problem is not None:
             self._ragged = None
             logger.info("SUFFIX: verify padded: %s (SGLANG_SPEC_EXT_RAGGED_VERIFY=0 silences "
@@ -59,8 +61,9 @@ class RaggedStepsMixin:
                    "a step replays the smallest bucket that holds it")  # fmt: skip
         else:
             how = "a ragged step runs the verify forward eagerly"
+        self._ragged.route = route
         logger.info("SUFFIX: verify ragged: each request's target verify covers its own draft "
-                    "(%s)", how)  # fmt: skip
+                    "(%s; %s)", route.describe(), how)  # fmt: skip
 
     def _shorter_step(self, batch: Any, width: int, on_publish, pp_proxy_tensors) -> Any:
         """Ragged verify where no request's draft needs the whole width: the host's verify

@@ -7,7 +7,10 @@ ops, so on a CPU-only host nothing can verify a draft. :func:`forward_extend_hoo
 (an AROUND hook on ``TorchNativeAttnBackend.forward_extend``) handles verify batches
 with :func:`tree_verify_attention` and passes everything else to the original.
 
-Semantics (as the host's ``intel_amx`` backend): each request verifies
+A chain draft whose verify input carries the host's ``RaggedVerifyLayout`` (the
+host-layout route, ``verify/ragged_backends.py``) is read as the host's FA3 backend reads
+it (``cpu/causal_ragged_attention.py``). Otherwise, semantics (as the host's ``intel_amx``
+backend): each request verifies
 ``draft_token_num`` tokens (under ragged verify its own count, ``ragged_lens_cpu``)
 stored after its ``seq_len`` committed ones; every draft
 token sees the whole committed prefix and, among the drafts, itself and the ancestors
@@ -121,6 +124,14 @@ def tree_verify_attention(
     return out
 
 
+def chain_drafts() -> bool:
+    """Whether this server verifies chains (``--speculative-eagle-topk 1`` as resolved):
+    what the host's FA3 backend keys its causal target verify on."""
+    from sglang.srt.runtime_context import get_spec
+
+    return int(get_spec().speculative_eagle_topk or 0) <= 1
+
+
 def forward_extend_hook(
     original: Callable[..., torch.Tensor],
     backend: Any,
@@ -149,6 +160,13 @@ def forward_extend_hook(
         backend.token_to_kv_pool.set_kv_buffer(
             layer, KVWriteLoc(cache_loc, backend.swa_out_cache_loc), k, v
         )
+    if lens is None and layout is not None and layout.verify_lens_cpu and chain_drafts():
+        # Chains with the host's layout: read as the host's FA3 backend reads them.
+        from sglang_spec_ext.sglang.cpu.causal_ragged_attention import (
+            host_layout_verify_attention,
+        )
+
+        return host_layout_verify_attention(backend, q, layer, forward_batch, layout)
     seq_lens = forward_batch.seq_lens.reshape(-1)
     bs = seq_lens.numel()
     table = backend.req_to_token_pool.req_to_token

@@ -1,0 +1,120 @@
+"""Which attention backends run a ragged target verify, and how each reads the lengths.
+
+A ragged verify (``verify/ragged.py``) puts each request's own ``L_i`` verify tokens
+through the target, ``sum L_i`` rows in request order. The attention backend has to know
+the ``L_i``; there are two routes, chosen per worker at start-up (:func:`ragged_route`):
+
+* **tree route**: the CPU engine's ``torch_native`` with the plugin's verify attention
+  (``cpu/fallbacks/verify_attention.py``) reads the lengths the verify input carries
+  (``ragged_lens_cpu``) and each request's tree mask: trees and chains alike.
+* **host-layout route**: the verify input carries the host's own ``RaggedVerifyLayout``
+  (``spec_info.ragged_verify_layout``, ``srt/speculative/ragged_verify.py``), from which
+  the backend builds its varlen geometry (``build_ragged_target_verify_geometry``:
+  ``cu_seqlens_q`` from the lengths, ``cache_seqlens = seq_lens + L_i``) and attends
+  causally. The host's FA3 (``FlashAttentionBackend``, its ``topk <= 1`` target verify)
+  and trtllm_mha backends read it, in eager and in their token-bucket graphs. Causal
+  means chains: a draft tree's siblings would see each other, so this route serves
+  chain drafts only (SUFFIX with ``SGLANG_SPEC_EXT_USE_TREE=0``, which resolves
+  ``--speculative-eagle-topk 1``; HYBRID's suffix rows, chains on these backends at topk
+  1). For chain drafts the CPU engine takes this route too, with an attention of FA3's
+  semantics on the geometry the host builds (``cpu/causal_ragged_attention.py``), so the
+  test bed runs the very contract the GPU backends read.
+
+flashinfer's eager target verify ignores a layout and its graphs refuse one; triton has
+none: those verify padded to the batch's width (one start-up line says why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: Backends with the plugin's tree verify reading ``ragged_lens_cpu`` (the CPU engine's).
+TREE_ROUTE_BACKENDS = ("TorchNativeAttnBackend",)
+#: Host backends whose causal target verify reads ``spec_info.ragged_verify_layout``.
+HOST_LAYOUT_BACKENDS = ("FlashAttentionBackend", "TRTLLMHAAttnBackend")
+#: ``--attention-backend`` names of :data:`HOST_LAYOUT_BACKENDS`.
+HOST_LAYOUT_BACKEND_FLAGS = ("fa3", "trtllm_mha")
+#: The attribute a tree-route verify input carries during the target forward.
+LENS_ATTR = "ragged_lens_cpu"
+
+
+@dataclass(frozen=True)
+class RaggedRoute:
+    """How one worker's target reads a ragged verify's lengths."""
+
+    backend: str  # the attention backend's class name
+    host_layout: bool  # the verify input carries the host's RaggedVerifyLayout
+
+    def describe(self) -> str:
+        if self.host_layout:
+            return f"the host's ragged layout, read by {self.backend} (causal: chain drafts)"
+        return f"the plugin's tree verify on {self.backend}"
+
+
+def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, str | None]:
+    """The route of a target whose drafts are chains (``chains``) or trees: ``(route,
+    None)``, or ``(None, why the verify stays padded)``."""
+    name = type(getattr(model_runner, "attn_backend", None)).__name__
+    if name in TREE_ROUTE_BACKENDS:
+        return RaggedRoute(name, host_layout=chains), None
+    if name in HOST_LAYOUT_BACKENDS:
+        if chains:
+            return RaggedRoute(name, host_layout=True), None
+        return None, (
+            f"the {name} attention backend verifies a ragged layout causally (chain "
+            "drafts only) and these drafts are trees; set SGLANG_SPEC_EXT_USE_TREE=0 to "
+            "verify chains, each at its own length"
+        )
+    return None, (
+        f"the {name} attention backend has no ragged target verify (ragged: "
+        f"{', '.join(TREE_ROUTE_BACKENDS + HOST_LAYOUT_BACKENDS)}); verify stays padded to "
+        "the batch's width"
+    )
+
+
+def layout_from_lens(lens: list[int], device: Any, graph_num_tokens: int | None = None) -> Any:
+    """The host's ``RaggedVerifyLayout`` of per-request ``lens`` (root included), built
+    from host values: the lengths, ``qo_indptr`` and start offsets go to the device in one
+    non-blocking copy (pinned on a GPU), no device work and no host sync (the host's
+    ``from_verify_lens`` copies from pageable memory, which waits for the stream).
+    ``graph_num_tokens``: the token bucket it replays in (default: its own total)."""
+    from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
+
+    bs, total = len(lens), int(sum(lens))
+    host = torch.empty(
+        3 * bs + 1, dtype=torch.int32, pin_memory=torch.device(device).type == "cuda"
+    )
+    host[:bs] = torch.as_tensor(lens, dtype=torch.int32)
+    host[bs] = 0
+    torch.cumsum(host[:bs], dim=0, out=host[bs + 1 : 2 * bs + 1])
+    host[2 * bs + 1 :] = host[bs : 2 * bs]
+    dev = host.to(device, non_blocking=True)
+    return RaggedVerifyLayout(
+        verify_lens=dev[:bs],
+        graph_num_tokens=total if graph_num_tokens is None else int(graph_num_tokens),
+        extend_start_loc=dev[2 * bs + 1 :],
+        qo_indptr_device=dev[bs : 2 * bs + 1],
+        verify_lens_cpu=[int(n) for n in lens],
+        total_verify_tokens=total,
+    )
+
+
+def carry_lens(spec_info: Any, lens: list[int], route: RaggedRoute, device: Any) -> None:
+    """Put a ragged verify's lengths where ``route``'s backend reads them (no host sync:
+    ``lens`` are host values, :func:`layout_from_lens`). A layout the verify input already
+    carries (a token bucket's, ``ragged_graphs.py``) is kept."""
+    if not route.host_layout:
+        setattr(spec_info, LENS_ATTR, list(lens))
+        return
+    if getattr(spec_info, "ragged_verify_layout", None) is None:
+        spec_info.ragged_verify_layout = layout_from_lens(lens, device)
+
+
+def drop_lens(spec_info: Any) -> None:
+    """Undo :func:`carry_lens` (and a bucket's layout) after the forward."""
+    setattr(spec_info, LENS_ATTR, None)
+    if getattr(spec_info, "ragged_verify_layout", None) is not None:
+        spec_info.ragged_verify_layout = None
