@@ -122,12 +122,18 @@ def install_runtime_hooks() -> list[str]:
         )
     if _host_runs_cpu_engine():
         installed += _install_cpu_engine(config)
-    elif config.ragged_verify and config.ragged_graphs:
-        # Token-bucket verify graphs for chain drafts on FA3 / trtllm_mha (inert unless
-        # SUFFIX's spec class opts in: verify/ragged_graphs.py).
-        from sglang_spec_ext.sglang.verify.ragged_graphs import install_ragged_graphs
+    elif config.ragged_verify:
+        # Ragged verify metadata for the triton backend (inert unless a verify carries
+        # per-request lengths: verify/triton_ragged.py).
+        from sglang_spec_ext.sglang.verify.triton_ragged import install_triton_ragged
 
-        installed += install_ragged_graphs()
+        installed += install_triton_ragged()
+        if config.ragged_graphs:
+            # Token-bucket verify graphs for chain drafts on FA3 / trtllm_mha (inert unless
+            # SUFFIX's spec class opts in: verify/ragged_graphs.py).
+            from sglang_spec_ext.sglang.verify.ragged_graphs import install_ragged_graphs
+
+            installed += install_ragged_graphs()
     return installed
 
 

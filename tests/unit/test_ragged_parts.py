@@ -166,7 +166,11 @@ def test_routes_per_backend_and_draft_shape():
     class FlashAttentionBackend:  # noqa: N801 - stands in for FA3 (needs a GPU)
         pass
 
-    class TritonAttnBackend:  # noqa: N801
+    class TritonAttnBackend:  # noqa: N801 - the host's triton: ragged via its metadata
+        enable_deterministic = False
+        sliding_window_size = None
+
+    class FlashInferAttnBackend:  # noqa: N801
         pass
 
     def route(backend, chains):
@@ -180,8 +184,13 @@ def test_routes_per_backend_and_draft_shape():
     assert problem is None and fa3.host_layout and "FlashAttentionBackend" in fa3.describe()
     none, problem = route(FlashAttentionBackend, chains=False)
     assert none is None and "SGLANG_SPEC_EXT_USE_TREE=0" in problem and "causal" in problem
-    none, problem = route(TritonAttnBackend, chains=True)
-    assert none is None and "TritonAttnBackend" in problem and "padded" in problem
+    triton, problem = route(TritonAttnBackend, chains=False)
+    assert problem is None and not triton.host_layout  # trees too (triton_ragged.py)
+    TritonAttnBackend.enable_deterministic = True  # its unified kernel: one width
+    none, problem = route(TritonAttnBackend, chains=False)
+    assert none is None and "deterministic" in problem and "padded" in problem
+    none, problem = route(FlashInferAttnBackend, chains=True)
+    assert none is None and "FlashInferAttnBackend" in problem and "padded" in problem
 
 
 def test_the_host_layout_route_hands_the_forward_the_hosts_layout():

@@ -4,9 +4,12 @@ A ragged verify (``verify/ragged.py``) puts each request's own ``L_i`` verify to
 through the target, ``sum L_i`` rows in request order. The attention backend has to know
 the ``L_i``; there are two routes, chosen per worker at start-up (:func:`ragged_route`):
 
-* **tree route**: the CPU engine's ``torch_native`` with the plugin's verify attention
-  (``cpu/fallbacks/verify_attention.py``) reads the lengths the verify input carries
-  (``ragged_lens_cpu``) and each request's tree mask: trees and chains alike.
+* **tree route**: the verify input carries the lengths (``ragged_lens_cpu``), read with
+  each request's tree mask: trees and chains alike. The CPU engine's ``torch_native``
+  with the plugin's verify attention (``cpu/fallbacks/verify_attention.py``), and the
+  host's triton backend, whose extend kernel is ragged: the plugin cuts the verify
+  metadata the host builds to the lengths (``triton_ragged.py``; eager steps, not in the
+  host's deterministic mode or with sliding-window layers).
 * **host-layout route**: the verify input carries the host's own ``RaggedVerifyLayout``
   (``spec_info.ragged_verify_layout``, ``srt/speculative/ragged_verify.py``), from which
   the backend builds its varlen geometry (``build_ragged_target_verify_geometry``:
@@ -20,8 +23,8 @@ the ``L_i``; there are two routes, chosen per worker at start-up (:func:`ragged_
   semantics on the geometry the host builds (``cpu/causal_ragged_attention.py``), so the
   test bed runs the very contract the GPU backends read.
 
-flashinfer's eager target verify ignores a layout and its graphs refuse one; triton has
-none: those verify padded to the batch's width (one start-up line says why).
+flashinfer's eager target verify ignores a layout and its graphs refuse one: it verifies
+padded to the batch's width (one start-up line says why).
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ from typing import Any
 
 import torch
 
-#: Backends with the plugin's tree verify reading ``ragged_lens_cpu`` (the CPU engine's).
-TREE_ROUTE_BACKENDS = ("TorchNativeAttnBackend",)
+#: Backends that read ``ragged_lens_cpu`` with each request's tree mask: the CPU engine's
+#: (the plugin's verify attention) and the host's triton (its extend kernel is ragged; the
+#: plugin cuts its verify metadata to the lengths, ``triton_ragged.py``).
+TREE_ROUTE_BACKENDS = ("TorchNativeAttnBackend", "TritonAttnBackend")
 #: Host backends whose causal target verify reads ``spec_info.ragged_verify_layout``.
 HOST_LAYOUT_BACKENDS = ("FlashAttentionBackend", "TRTLLMHAAttnBackend")
 #: ``--attention-backend`` names of :data:`HOST_LAYOUT_BACKENDS`.
@@ -57,7 +62,15 @@ class RaggedRoute:
 def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, str | None]:
     """The route of a target whose drafts are chains (``chains``) or trees: ``(route,
     None)``, or ``(None, why the verify stays padded)``."""
-    name = type(getattr(model_runner, "attn_backend", None)).__name__
+    backend = getattr(model_runner, "attn_backend", None)
+    name = type(backend).__name__
+    if name == "TritonAttnBackend":
+        from sglang_spec_ext.sglang.verify.triton_ragged import triton_ragged_problem
+
+        problem = triton_ragged_problem(backend)
+        if problem is not None:
+            return None, f"{problem}; verify stays padded to the batch's width"
+        return RaggedRoute(name, host_layout=False), None
     if name in TREE_ROUTE_BACKENDS:
         return RaggedRoute(name, host_layout=chains), None
     if name in HOST_LAYOUT_BACKENDS:
