@@ -136,6 +136,7 @@ class PluginConfig:
     draft_gate_realised: bool = True
     ragged_verify: bool = True
     ragged_graphs: bool = True
+    ragged_eager: str = "auto"
     verify_graph_widths: int = -1
     grammar_drafts: bool = True
     grammar_draft_ms: float = 20.0

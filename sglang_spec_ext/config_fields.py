@@ -175,8 +175,8 @@ FIELDS: tuple[Field, ...] = (
         True,
         "SUFFIX and adaptive SUFFIX: the target verifies each request's own draft (root plus "
         "draft nodes), not the batch's width with padding, where the attention backend can "
-        "(the CPU engine's torch_native; GPU backends keep the padded verify and say so at "
-        "start-up) (sglang/verify/ragged.py)",
+        "(the CPU engine's torch_native, the host's triton, FA3 / trtllm_mha for chain drafts; "
+        "others keep the padded verify and say so at start-up) (sglang/verify/ragged.py)",
     ),
     Field(
         "ragged_graphs",
@@ -184,9 +184,21 @@ FIELDS: tuple[Field, ...] = (
         True,
         "ragged verify under CUDA graphs: the target's verify graphs are keyed by the batch's "
         "total verify tokens (token buckets, the host's compact ragged mode) so a ragged step "
-        "replays a graph; where the attention backend has a ragged tree verify in graphs (the "
-        "CPU engine's emulation so far). False: a ragged step runs its verify forward eagerly "
+        "replays a graph; where the attention backend has a ragged verify in graphs (the CPU "
+        "engine's emulation; FA3 / trtllm_mha with chain drafts). False: a ragged step runs "
+        "its verify forward eagerly "
         "(sglang/verify/ragged_graphs.py)",
+    ),
+    Field(
+        "ragged_eager",
+        str,
+        "auto",
+        "ragged verify on a GPU where the attention backend has no token-bucket graphs "
+        "(triton; trees): a ragged step runs its verify forward eagerly. auto: only where "
+        "the padded verify would run eagerly too (a batch above the captured graph sizes, or "
+        "graphs off), so a graph replay is never traded for an eager forward; always: every "
+        "step with padding; the CPU engine decides as always (sglang/verify/ragged.py)",
+        choices=("auto", "always"),
     ),
     Field(
         "verify_graph_widths",

@@ -218,3 +218,44 @@ def test_the_host_layout_route_hands_the_forward_the_hosts_layout():
     assert geometry.cu_seqlens_q.tolist() == [0, 2, 6]
     assert geometry.cache_seqlens_int32.tolist() == [7, 13]
     assert batch.spec_info.ragged_verify_layout is None  # dropped after the forward
+
+
+def test_batches_a_verify_graph_holds_stay_padded_where_ragged_would_run_eagerly():
+    width = 4
+    small = _batch([DraftTree([7], [-1]), DraftTree([5, 6, 9], [-1, 0, 1])], width)
+    large = _batch([DraftTree([7], [-1]), DraftTree(), DraftTree([5, 6, 9], [-1, 0, 1])], width)
+    ragged = RaggedVerify()
+    ragged.graph_bs_limit = 2  # graphs captured up to batch 2 (SGLANG_SPEC_EXT_RAGGED_EAGER=auto)
+    links = small.spec_info.retrieve_next_token.clone()
+    ragged.set_lens(draft_lens([1, 3], width))
+    ragged.plan(small, width)
+    assert ragged.plan_now is None and ragged.stats.graph_kept_steps == 1
+    assert torch.equal(small.spec_info.retrieve_next_token, links)  # the tree left whole
+    ragged.set_lens(draft_lens([1, 0, 3], width))
+    ragged.plan(large, width)  # past the graphs: eager either way, so ragged
+    assert ragged.plan_now is not None and ragged.plan_now.lens == [2, 1, 4]
+    stats = ragged.stats_dict()
+    assert stats["ragged_verify_steps"] == 1 and stats["graph_kept_verify_steps"] == 1
+
+
+@pytest.mark.parametrize(
+    ("device", "graphs", "policy", "limit"),
+    [
+        ("cuda", True, "auto", 8),
+        ("cuda", True, "always", None),
+        ("cuda", False, "auto", None),
+        ("cpu", True, "auto", None),
+    ],  # fmt: skip
+)
+def test_the_eager_policy_sets_the_graph_limit_on_a_gpu_only(device, graphs, policy, limit):
+    from sglang_spec_ext.sglang.workers.suffix_ragged import RaggedStepsMixin
+
+    runner = SimpleNamespace(max_bs=8) if graphs else None
+    model_runner = SimpleNamespace(device=device, decode_cuda_graph_runner=runner)
+    worker = SimpleNamespace(
+        _target_worker=SimpleNamespace(model_runner=model_runner), model_runner=model_runner,
+        _config=SimpleNamespace(ragged_eager=policy), _ragged=RaggedVerify(),
+    )  # fmt: skip
+    line = RaggedStepsMixin._eager_policy(worker)
+    assert worker._ragged.graph_bs_limit == limit
+    assert ("captured 8" in line) == (limit is not None)

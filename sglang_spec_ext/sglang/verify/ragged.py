@@ -67,6 +67,7 @@ class RaggedStats:
     bucket_steps: int = 0  # verify forwards laid out for a token-bucket graph
     bucket_tokens: int = 0  # their buckets' tokens (verified plus the bucket's padding)
     host_layout_steps: int = 0  # verify forwards handed the host's RaggedVerifyLayout
+    graph_kept_steps: int = 0  # padded to replay a verify graph, not run ragged eagerly
 
     def count(self, lens: np.ndarray, width: int, ragged: bool, padded_width: int) -> None:
         self.steps += 1
@@ -87,6 +88,7 @@ class RaggedStats:
             "bucket_verify_steps": self.bucket_steps,
             "bucket_tokens_per_step": round(self.bucket_tokens / max(self.bucket_steps, 1), 3),
             "host_layout_verify_steps": self.host_layout_steps,
+            "graph_kept_verify_steps": self.graph_kept_steps,
         }
 
 
@@ -113,6 +115,9 @@ class RaggedVerify:
         #: The width a padded verify of this step would have had, where the worker
         #: verifies it narrower (at its longest draft): what the stats compare with.
         self.padded_width: int | None = None
+        #: On a GPU without token-bucket graphs: batches up to this size verify padded, so
+        #: their verify graph replays (a ragged step would run eagerly); None: no limit.
+        self.graph_bs_limit: int | None = None
 
     def set_lens(self, lens: np.ndarray | None) -> None:
         """This step's verify lengths (root included, 1..W per request) or None."""
@@ -139,6 +144,9 @@ class RaggedVerify:
         if lens.min() < 1 or lens.max() > width:
             raise ValueError(f"ragged verify lengths {lens.tolist()} outside 1..{width}")
         ragged = bool((lens < width).any())
+        if ragged and self.graph_bs_limit is not None and bs <= self.graph_bs_limit:
+            ragged = False  # the padded verify replays a graph; the ragged one would not
+            self.stats.graph_kept_steps += 1
         self.stats.count(lens, width, ragged, self.padded_width or width)
         if ragged or always:
             self.plan_now = compact_plan(batch.spec_info, lens, width)

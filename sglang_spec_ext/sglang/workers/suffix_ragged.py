@@ -60,10 +60,24 @@ class RaggedStepsMixin:
             how = ("verify graphs keyed by the batch's total verify tokens, token buckets: "
                    "a step replays the smallest bucket that holds it")  # fmt: skip
         else:
-            how = "a ragged step runs the verify forward eagerly"
+            how = self._eager_policy()
         self._ragged.route = route
         logger.info("SUFFIX: verify ragged: each request's target verify covers its own draft "
                     "(%s; %s)", route.describe(), how)  # fmt: skip
+
+    def _eager_policy(self) -> str:
+        """Where ragged steps run eagerly: on a GPU with verify graphs, only at batches the
+        graphs do not hold (``SGLANG_SPEC_EXT_RAGGED_EAGER=auto``), so no step trades a graph
+        replay for an eager forward; the CPU engine (its graphs are an emulation) always."""
+        runner = getattr(getattr(self._target_worker, "model_runner", None),
+                         "decode_cuda_graph_runner", None)  # fmt: skip
+        on_gpu = str(getattr(self.model_runner, "device", "cpu")).startswith("cuda")
+        if on_gpu and runner is not None and self._config.ragged_eager == "auto":
+            self._ragged.graph_bs_limit = int(runner.max_bs)
+            return (f"a ragged step runs its verify forward eagerly, so batches up to the "
+                    f"captured {runner.max_bs} verify padded and replay their graph; "
+                    "SGLANG_SPEC_EXT_RAGGED_EAGER=always verifies them ragged")  # fmt: skip
+        return "a ragged step runs the verify forward eagerly"
 
     def _shorter_step(self, batch: Any, width: int, on_publish, pp_proxy_tensors) -> Any:
         """Ragged verify where no request's draft needs the whole width: the host's verify
