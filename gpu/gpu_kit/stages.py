@@ -86,6 +86,11 @@ def stage_parity(kit: Any, rec: dict[str, Any]) -> None:
     for w in p["parity_widths"]:
         specs[f"SUFFIX-{w}"] = kit.spec(f"SUFFIX-{w}", geo, "float32", algo="SUFFIX", width=w,
                                         **common)  # fmt: skip
+    # The widest SUFFIX verifies ragged at every batch (the triton route's eager ragged
+    # steps; by default they start above the captured graph sizes, which parity never
+    # reaches).
+    widest = f"SUFFIX-{max(p['parity_widths'])}"
+    specs[widest] = specs[widest].with_env(SGLANG_SPEC_EXT_RAGGED_EAGER="always")
     specs["SUFFIX-adaptive"] = kit.spec("SUFFIX-adaptive", geo, "float32", algo="SUFFIX",
                                         width=max(p["parity_widths"]), adaptive=True, **common)  # fmt: skip
     specs["NGRAM"] = kit.spec("NGRAM", geo, "float32", algo="NGRAM", width=8, **common)
