@@ -259,3 +259,24 @@ def test_the_eager_policy_sets_the_graph_limit_on_a_gpu_only(device, graphs, pol
     line = RaggedStepsMixin._eager_policy(worker)
     assert worker._ragged.graph_bs_limit == limit
     assert ("captured 8" in line) == (limit is not None)
+
+
+def test_padded_rows_reuse_a_ring_of_buffers_and_zero_the_padding():
+    from sglang_spec_ext.sglang.verify.padded_rows import RING, PaddedRows
+
+    rows = PaddedRows()
+    keep = torch.tensor([0, 2, 5])
+    outs = []
+    for step in range(RING + 1):
+        full = rows.scatter(torch.full((3, 4), float(step + 1)), keep, 6)
+        assert full[keep].eq(step + 1).all() and full[[1, 3, 4]].eq(0).all()
+        outs.append(full)
+    # RING steps in a row never share a buffer (a step's rows stay while the next ones
+    # are verified); then the ring comes round, with no new allocation.
+    assert len({t.data_ptr() for t in outs[:RING]}) == RING
+    assert outs[RING].data_ptr() == outs[0].data_ptr()
+    assert outs[1][keep].eq(2).all()  # untouched by the later steps
+    smaller = rows.scatter(torch.ones(1, 4), torch.tensor([1]), 2)  # a smaller batch: a view
+    assert smaller.shape == (2, 4) and smaller[0].eq(0).all() and smaller[1].eq(1).all()
+    fresh = rows.scatter(torch.ones(1, 4), torch.tensor([0]), 2, reuse=False)
+    assert fresh.data_ptr() not in {t.data_ptr() for t in outs}

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sglang_spec_ext.sglang.verify.padded_rows import PaddedRows
 from sglang_spec_ext.sglang.verify.ragged_backends import (
     TREE_ROUTE_BACKENDS,
     RaggedRoute,
@@ -248,23 +249,19 @@ class RaggedForwardTarget:
         return _padded(result, plan)
 
 
+#: The padded rows handed back to the host's verify (persistent buffers on a CPU).
+PADDED_ROWS = PaddedRows()
+
+
 def _padded(result: Any, plan: RaggedPlan) -> Any:
     """``result`` of a compact forward with its logits (and hidden states) scattered back
     to the ``bs * W`` padded rows (padding rows zero: unreachable)."""
     out = result.logits_output
     rows = len(plan.lens) * plan.width
-    out.next_token_logits = _scatter_rows(out.next_token_logits, plan.keep, rows)
+    out.next_token_logits = PADDED_ROWS.scatter(out.next_token_logits, plan.keep, rows)
     if getattr(out, "hidden_states", None) is not None:
-        out.hidden_states = _scatter_rows(out.hidden_states, plan.keep, rows)
+        out.hidden_states = PADDED_ROWS.scatter(out.hidden_states, plan.keep, rows, reuse=False)
     return result
-
-
-def _scatter_rows(compact: torch.Tensor | None, keep: torch.Tensor, rows: int) -> Any:
-    if compact is None:
-        return None
-    full = compact.new_zeros((rows, *compact.shape[1:]))
-    full.index_copy_(0, keep, compact[: keep.numel()])  # a bucket's padding rows dropped
-    return full
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
