@@ -23,6 +23,7 @@ from tests.host.test_verify_attention_metadata import (
     MAX_WIDTH,
     Case,
     install_host_stand_ins,
+    ragged_step,
 )
 
 #: Per-request verify lengths (root included) forced on the step, cut to its width.
@@ -34,29 +35,12 @@ def test_fa3_reads_the_ragged_chain_layout_suffix_hands_over(monkeypatch):
     case = Case("fa3", page_size=1, use_tree=False)
     try:
         assert case.topk == 1
-        worker, _drafts = case.make_worker(None)
-        worker.topk = case.topk  # what the worker's __init__ sets (the harness skips it)
-        worker._init_ragged()
-        assert worker._ragged is not None
-        ragged = worker._ragged
-        plan = ragged.plan
-        planned = []
-
-        def forced_plan(batch, width, always=False):
-            ragged._lens = np.minimum(LENS, width)
-            planned.append(ragged._lens.copy())
-            return plan(batch, width, always)
-
-        monkeypatch.setattr(ragged, "plan", forced_plan)
-        worker.controller.choose_k = lambda bs, rids: MAX_WIDTH - 1
-        batch = case.batch(worker)
-        worker.forward_batch_generation(batch)
-        record = worker._target_worker.seen[-1]
+        worker, _drafts, batch, record, lens = ragged_step(case, LENS)
     finally:
         case.close()
+    ragged = worker._ragged
     assert ragged.route.host_layout and ragged.route.backend == "FlashAttentionBackend"
     assert "error" not in record, record.get("error")
-    lens = planned[-1].tolist()
     assert len(set(lens)) > 1, "the step was not ragged"
     fb, md, backend = record["fb"], record["backend"].forward_metadata, record["backend"]
     layout = record["spec_info"].ragged_verify_layout

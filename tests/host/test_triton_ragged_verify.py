@@ -57,6 +57,7 @@ def kernel_main(lens: list[int], page_size: int, use_tree: bool) -> dict:
         Case,
         has_branches,
         install_host_stand_ins,
+        ragged_step,
     )
 
     cpu_placeholders.install()
@@ -67,22 +68,9 @@ def kernel_main(lens: list[int], page_size: int, use_tree: bool) -> dict:
     install_triton_ragged()
     case = Case("triton", page_size, use_tree=use_tree)
     try:
-        worker, drafts = case.make_worker(None)  # the host's factory: the real backend
-        worker.topk = case.topk  # what the worker's __init__ sets (the harness skips it)
-        worker._init_ragged()
+        # The host's factory builds the real backend.
+        worker, drafts, batch, record, verified = ragged_step(case, lens)
         ragged = worker._ragged
-        plan = ragged.plan
-        forced = np.array(lens, dtype=np.int64)
-
-        def forced_plan(batch, width, always=False):
-            ragged._lens = np.minimum(forced, width)
-            return plan(batch, width, always)
-
-        ragged.plan = forced_plan
-        worker.controller.choose_k = lambda bs, rids: MAX_WIDTH - 1
-        batch = case.batch(worker)
-        worker.forward_batch_generation(batch)
-        record = worker._target_worker.seen[-1]
     finally:
         case.close()
     if "error" in record:
@@ -111,17 +99,10 @@ def kernel_main(lens: list[int], page_size: int, use_tree: bool) -> dict:
         table[int(r), :s] for r, s in zip(batch.req_pool_indices.tolist(), seq_lens, strict=True)
     ]
     want = tree_verify_attention(
-        q,
-        k_buffer,
-        v_buffer,
-        prefix,
-        loc,
-        visible,
-        scaling=0.25,
-        lens=np.minimum(forced, MAX_WIDTH).tolist(),
+        q, k_buffer, v_buffer, prefix, loc, visible, scaling=0.25, lens=verified
     )
     return {
-        "lens": np.minimum(forced, MAX_WIDTH).tolist(),
+        "lens": verified,
         "rows": rows,
         "qo_indptr": md.qo_indptr.tolist(),
         "max_extend_len": int(md.max_extend_len),

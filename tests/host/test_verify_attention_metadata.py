@@ -402,6 +402,30 @@ class Case:
         return problems
 
 
+def ragged_step(case, lens) -> tuple:
+    """One decode step of a ragged worker at the startup width, each request verifying
+    ``lens`` tokens (root included, cut to the width) in place of its drafts' lengths:
+    ``(worker, drafts, batch, record, lens as verified)``. The worker is the adaptive one
+    ``make_worker`` builds with the host's backend factory, with ragged verify on (what
+    its ``__init__``, which the harness skips, sets up)."""
+    worker, drafts = case.make_worker(None)
+    worker.topk = case.topk
+    worker._init_ragged()
+    ragged = worker._ragged
+    plan, planned = ragged.plan, []
+
+    def forced_plan(batch, width, always=False):
+        ragged._lens = np.minimum(np.asarray(lens, dtype=np.int64), width)
+        planned.append(ragged._lens.tolist())
+        return plan(batch, width, always)
+
+    ragged.plan = forced_plan
+    worker.controller.choose_k = lambda bs, rids: MAX_WIDTH - 1
+    batch = case.batch(worker)
+    worker.forward_batch_generation(batch)
+    return worker, drafts, batch, worker._target_worker.seen[-1], planned[-1]
+
+
 def has_branches(mask: np.ndarray) -> bool:
     """Whether a packed startup-width mask holds a node with two children."""
     tree = mask.reshape(-1, MAX_WIDTH, MAX_WIDTH)
