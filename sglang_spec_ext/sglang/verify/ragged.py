@@ -25,9 +25,10 @@ and sampling verify, the KV moves, the overlap relay. What changes, per verify s
 
 Which attention backend can run a ragged target verify, and for which drafts
 (``ragged_backends.py``): the CPU engine's ``torch_native`` with the plugin's verify
-attention, trees and chains; the host's FA3 and trtllm_mha through the host's own layout,
-causal, so chain drafts only (``SGLANG_SPEC_EXT_USE_TREE=0``); flashinfer and triton
-keep the padded verify. Under CUDA graphs the target's verify graphs are keyed by total
+attention, and the host's triton (its verify metadata cut to the lengths,
+``triton_ragged.py``), trees and chains; the host's FA3 and trtllm_mha through the host's
+own layout, causal, so chain drafts only (``SGLANG_SPEC_EXT_USE_TREE=0``); flashinfer
+keeps the padded verify. Under CUDA graphs the target's verify graphs are keyed by total
 verify tokens where the backend has a ragged verify in graphs (``ragged_graphs.py``): the
 compact forward is padded to its token bucket and carries the host's layout; elsewhere a
 ragged step runs the target forward eagerly (graphs captured for ``bs * W`` tokens).
