@@ -59,14 +59,25 @@ class RaggedRoute:
         return f"the plugin's tree verify on {self.backend}"
 
 
+def triton_ragged_problem(backend: Any) -> str | None:
+    """Why the triton ``backend`` keeps a padded verify (None: ragged runs)."""
+    if getattr(backend, "enable_deterministic", False):
+        return (
+            "the triton backend's deterministic mode runs one verify width per batch "
+            "(its unified kernel)"
+        )
+    window = getattr(backend, "sliding_window_size", None)
+    if window is not None and window > 0:
+        return "the triton backend's sliding-window layers read a uniform verify mask"
+    return None
+
+
 def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, str | None]:
     """The route of a target whose drafts are chains (``chains``) or trees: ``(route,
     None)``, or ``(None, why the verify stays padded)``."""
     backend = getattr(model_runner, "attn_backend", None)
     name = type(backend).__name__
     if name == "TritonAttnBackend":
-        from sglang_spec_ext.sglang.verify.triton_ragged import triton_ragged_problem
-
         problem = triton_ragged_problem(backend)
         if problem is not None:
             return None, f"{problem}; verify stays padded to the batch's width"

@@ -19,7 +19,7 @@ draft's real nodes, in order) with ``mask_indptr`` to match. The prefix part is
 unchanged. Trees and chains alike; eager only (the verify graphs are captured for
 ``bs x W`` tokens and the host's runner sends a compact batch eager). Not where the
 host's deterministic mode runs its unified kernel (it assumes one width) or with
-sliding-window layers (``ragged_backends.py`` keeps those padded).
+sliding-window layers (``ragged_backends.py``: ``triton_ragged_problem`` keeps those padded).
 
 No host sync: the lengths and the committed lengths are host values (the batch's
 ``seq_lens_cpu``); the index arrays go to the device in one non-blocking copy and the
@@ -106,19 +106,6 @@ def triton_metadata_hook(original: Callable[..., Any], backend: Any, forward_bat
     md.qo_indptr = qo_dev.to(md.qo_indptr.device, non_blocking=True)
     md.max_extend_len = int(lens_np.max())
     return out
-
-
-def triton_ragged_problem(backend: Any) -> str | None:
-    """Why the triton ``backend`` keeps a padded verify (None: ragged runs)."""
-    if getattr(backend, "enable_deterministic", False):
-        return (
-            "the triton backend's deterministic mode runs one verify width per batch "
-            "(its unified kernel)"
-        )
-    window = getattr(backend, "sliding_window_size", None)
-    if window is not None and window > 0:
-        return "the triton backend's sliding-window layers read a uniform verify mask"
-    return None
 
 
 def install_triton_ragged() -> list[str]:
