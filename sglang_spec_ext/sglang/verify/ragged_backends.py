@@ -56,6 +56,8 @@ class RaggedRoute:
     def describe(self) -> str:
         if self.host_layout:
             return f"the host's ragged layout, read by {self.backend} (causal: chain drafts)"
+        if self.backend == "TritonAttnBackend":
+            return "the host's triton kernel on verify metadata cut to each request's length"
         return f"the plugin's tree verify on {self.backend}"
 
 
