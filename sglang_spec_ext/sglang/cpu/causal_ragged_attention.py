@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from sglang_spec_ext.sglang.cpu.masked_attention import gather_rows
+
 
 def varlen_causal_attention(
     q: torch.Tensor,
@@ -57,8 +59,8 @@ def varlen_causal_attention(
         if n > k_len:
             raise ValueError(f"request {b}: {n} queries over {k_len} keys")
         slots = page_table[b, :k_len].to(torch.int64)
-        keys = k_cache[slots].to(q.dtype).movedim(0, 1)  # [kv_heads, K, dim]
-        values = v_cache[slots].to(q.dtype).movedim(0, 1)
+        keys = gather_rows(k_cache, slots).to(q.dtype).movedim(0, 1)  # [kv_heads, K, dim]
+        values = gather_rows(v_cache, slots).to(q.dtype).movedim(0, 1)
         qpos = torch.arange(k_len - n, k_len, device=q.device)[:, None]
         kpos = torch.arange(k_len, device=q.device)[None, :]
         mask = kpos <= qpos

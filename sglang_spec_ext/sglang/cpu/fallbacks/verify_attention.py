@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from sglang_spec_ext.sglang.cpu.masked_attention import gather_rows
+
 
 def draft_masks(
     custom_mask: torch.Tensor | None, seq_lens: torch.Tensor, n: int, chain: bool
@@ -102,8 +104,8 @@ def tree_verify_attention(
         slots = torch.cat(
             [prefix_slots[b].to(torch.int64), draft_slots[lo : lo + n].to(torch.int64)]
         )
-        keys = k_cache[slots].to(q.dtype).movedim(0, 1)  # [kv_heads, L, dim]
-        values = v_cache[slots].to(q.dtype).movedim(0, 1)
+        keys = gather_rows(k_cache, slots).to(q.dtype).movedim(0, 1)  # [kv_heads, L, dim]
+        values = gather_rows(v_cache, slots).to(q.dtype).movedim(0, 1)
         prefix = prefix_slots[b].numel()
         mask = torch.ones((n, prefix + n), dtype=torch.bool, device=q.device)
         mask[:, prefix:] = visible[b, :n, :n]
