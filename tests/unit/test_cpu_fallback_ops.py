@@ -77,6 +77,18 @@ def test_copy_all_layer_kv_cache_overlapping_move_and_noop():
         ops.copy_all_layer_kv_cache_cpu(ptrs, strides, torch.tensor([-1]), torch.tensor([0]))
 
 
+def test_kv_move_views_come_in_few_lengths():
+    # ctypes keeps every array type it makes, by length, for the process's life: the byte
+    # views are sized to powers of two, so spans 513..1024 share one length.
+    buf = torch.zeros(1024, 4)
+    lengths = {ops._byte_rows(buf.data_ptr(), 16, rows).shape[0] for rows in range(513, 1025)}
+    assert lengths == {1024}
+    assert ops._byte_rows(buf.data_ptr(), 16, 1).shape == (1, 16)
+    view = ops._byte_rows(buf.data_ptr(), 16, 600)
+    view[599] = 7  # the rows asked for are the buffer's own
+    assert buf[599].view(torch.uint8).eq(7).all()
+
+
 def ragged_case(bs: int, seed: int):
     g = gen(seed)
     pool_len = 40

@@ -47,9 +47,14 @@ def _ragged(start: torch.Tensor, end: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def _byte_rows(address: int, stride: int, rows: int) -> torch.Tensor:
-    """A zero-copy ``[rows, stride]`` uint8 view of raw memory at ``address``."""
-    buffer = (ctypes.c_uint8 * (rows * stride)).from_address(address)
-    return torch.frombuffer(buffer, dtype=torch.uint8).view(rows, stride)
+    """A zero-copy uint8 view of raw memory at ``address``, ``stride`` bytes a row, holding
+    at least ``rows`` rows. Its row count is rounded up to a power of two: ctypes caches
+    every array type it makes by length, for the life of the process, so one length per
+    span would grow that cache step after step; rounded, a few dozen lengths at most.
+    Rows past ``rows`` may lie outside the buffer and are never read or written."""
+    span = 1 << max(rows - 1, 0).bit_length()
+    buffer = (ctypes.c_uint8 * (span * stride)).from_address(address)
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(span, stride)
 
 
 def copy_all_layer_kv_cache_cpu(
