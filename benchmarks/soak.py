@@ -62,6 +62,8 @@ ADAPTIVE = {"SGLANG_SPEC_EXT_ADAPTIVE": "1"}
 ALGORITHMS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "SUFFIX": (("--speculative-algorithm", "SUFFIX"), {}),
     "SUFFIX-adaptive": (("--speculative-algorithm", "SUFFIX"), {"SGLANG_SPEC_EXT_ADAPTIVE": "1"}),
+    # Chain drafts: ragged verify through the host's RaggedVerifyLayout (the route FA3 reads)
+    "SUFFIX-chains": (("--speculative-algorithm", "SUFFIX"), {"SGLANG_SPEC_EXT_USE_TREE": "0"}),
     "NGRAM": (("--speculative-algorithm", "NGRAM"), {}),
     # The model draft (a 1-layer truncation of the soak model, built at run time) as
     # topk-4 trees: --width is the verify width, the suffix drafts may fill it.
@@ -100,7 +102,14 @@ CHAINED = ("HYBRID-adaptive", "STANDALONE-adaptive", "STANDALONE-pinned-skip",
 MODEL_DRAFT = ("HYBRID", "HYBRID-tree-adaptive", *CHAINED)
 #: Our algorithms: penalty requests are refused (request_guard.py), the drafter reports
 #: its statistics.
-GUARDED = ("SUFFIX", "SUFFIX-adaptive", "HYBRID", "HYBRID-adaptive", "HYBRID-tree-adaptive")
+GUARDED = (
+    "SUFFIX",
+    "SUFFIX-adaptive",
+    "SUFFIX-chains",
+    "HYBRID",
+    "HYBRID-adaptive",
+    "HYBRID-tree-adaptive",
+)
 MODES = {
     "short": {
         "requests": 120,
