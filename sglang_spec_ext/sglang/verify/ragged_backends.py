@@ -101,6 +101,14 @@ def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, s
     )
 
 
+def to_device(host: torch.Tensor, device: Any) -> torch.Tensor:
+    """``host`` (a CPU tensor of host values) on ``device`` in one non-blocking copy, from
+    pinned memory on a GPU (a pageable copy waits for the stream); itself on a CPU."""
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
 def layout_from_lens(lens: list[int], device: Any, graph_num_tokens: int | None = None) -> Any:
     """The host's ``RaggedVerifyLayout`` of per-request ``lens`` (root included), built
     from host values: the lengths, ``qo_indptr`` and start offsets go to the device in one
@@ -110,14 +118,12 @@ def layout_from_lens(lens: list[int], device: Any, graph_num_tokens: int | None 
     from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
 
     bs, total = len(lens), int(sum(lens))
-    host = torch.empty(
-        3 * bs + 1, dtype=torch.int32, pin_memory=torch.device(device).type == "cuda"
-    )
+    host = torch.empty(3 * bs + 1, dtype=torch.int32)
     host[:bs] = torch.as_tensor(lens, dtype=torch.int32)
     host[bs] = 0
     torch.cumsum(host[:bs], dim=0, out=host[bs + 1 : 2 * bs + 1])
     host[2 * bs + 1 :] = host[bs : 2 * bs]
-    dev = host.to(device, non_blocking=True)
+    dev = to_device(host, device)
     return RaggedVerifyLayout(
         verify_lens=dev[:bs],
         graph_num_tokens=total if graph_num_tokens is None else int(graph_num_tokens),

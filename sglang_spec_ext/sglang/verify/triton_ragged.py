@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sglang_spec_ext.sglang.verify.ragged_backends import LENS_ATTR
+from sglang_spec_ext.sglang.verify.ragged_backends import LENS_ATTR, to_device
 
 #: The host method the hook wraps.
 METADATA_TARGET = (
@@ -44,18 +44,18 @@ METADATA_TARGET = (
 
 def ragged_full_mask_plan(
     seq_lens: np.ndarray, lens: np.ndarray, width: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Host index arrays of the FULL_MASK cut (see the module doc): per kept row, its
-    start in the ``width``-wide mask, its start in the ragged mask and its length; and the
-    ragged mask's size."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host index arrays of the FULL_MASK cut (see the module doc): per kept row, its start
+    in the ``width``-wide mask less its start in the ragged mask, and its length; and the
+    ragged mask's ``mask_indptr`` (its last entry the ragged mask's size)."""
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
     lens = np.asarray(lens, dtype=np.int64)
     padded_start = np.concatenate([[0], np.cumsum(width * (seq_lens + width))[:-1]])
-    ragged_start = np.concatenate([[0], np.cumsum(lens * (seq_lens + lens))[:-1]])
+    indptr = np.concatenate([[0], np.cumsum(lens * (seq_lens + lens))])
     row = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
     src = np.repeat(padded_start, lens) + row * np.repeat(seq_lens + width, lens)
-    dst = np.repeat(ragged_start, lens) + row * np.repeat(seq_lens + lens, lens)
-    return src, dst, np.repeat(seq_lens + lens, lens), int((lens * (seq_lens + lens)).sum())
+    dst = np.repeat(indptr[:-1], lens) + row * np.repeat(seq_lens + lens, lens)
+    return src - dst, np.repeat(seq_lens + lens, lens), indptr
 
 
 def ragged_full_mask(
@@ -63,21 +63,14 @@ def ragged_full_mask(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The FULL_MASK ``mask`` of a ``width``-wide verify cut to ``lens`` rows per request:
     ``(ragged mask, mask_indptr)``."""
-    src, dst, row_len, total = ragged_full_mask_plan(seq_lens, lens, width)
-    seq_lens = np.asarray(seq_lens, dtype=np.int64)
-    lens = np.asarray(lens, dtype=np.int64)
-    indptr = np.concatenate([[0], np.cumsum(lens * (seq_lens + lens))])
-    host = np.concatenate([src - dst, row_len, indptr])
-    dev = torch.from_numpy(host)
-    if mask.is_cuda:
-        dev = dev.pin_memory()
-    dev = dev.to(mask.device, non_blocking=True)
-    rows = src.size
-    offset, row_len_dev, indptr_dev = dev[:rows], dev[rows : 2 * rows], dev[2 * rows :]
+    offset, row_len, indptr = ragged_full_mask_plan(seq_lens, lens, width)
+    rows, total = offset.size, int(indptr[-1])
+    dev = to_device(torch.from_numpy(np.concatenate([offset, row_len, indptr])), mask.device)
+    offset_dev, row_len_dev, indptr_dev = dev[:rows], dev[rows : 2 * rows], dev[2 * rows :]
     # Element e of kept row r sits at dst_r + j in the ragged mask and src_r + j in the
     # padded one: its source is e + (src_r - dst_r).
     index = torch.arange(total, device=mask.device) + torch.repeat_interleave(
-        offset, row_len_dev, output_size=total
+        offset_dev, row_len_dev, output_size=total
     )
     return mask.reshape(-1)[index], indptr_dev
 
@@ -100,10 +93,7 @@ def triton_metadata_hook(original: Callable[..., Any], backend: Any, forward_bat
     if md.custom_mask is not None:
         md.custom_mask, md.mask_indptr = ragged_full_mask(md.custom_mask, seq_lens, lens_np, width)
     qo = np.concatenate([[0], np.cumsum(lens_np)]).astype(np.int32)
-    qo_dev = torch.from_numpy(qo)
-    if md.qo_indptr.is_cuda:
-        qo_dev = qo_dev.pin_memory()
-    md.qo_indptr = qo_dev.to(md.qo_indptr.device, non_blocking=True)
+    md.qo_indptr = to_device(torch.from_numpy(qo), md.qo_indptr.device)
     md.max_extend_len = int(lens_np.max())
     return out
 
