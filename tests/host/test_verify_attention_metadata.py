@@ -402,10 +402,11 @@ class Case:
         return problems
 
 
-def ragged_step(case, lens) -> tuple:
-    """One decode step of a ragged worker at the startup width, each request verifying
-    ``lens`` tokens (root included, cut to the width) in place of its drafts' lengths:
-    ``(worker, drafts, batch, record, lens as verified)``. The worker is the adaptive one
+def ragged_step(case, lens, width: int = MAX_WIDTH) -> tuple:
+    """One decode step of a ragged worker at ``width`` (the controller's choice; default
+    the startup width), each request verifying ``lens`` tokens (root included, cut to the
+    width) in place of its drafts' lengths: ``(worker, drafts, batch, record, lens as
+    verified)``. The worker is the adaptive one
     ``make_worker`` builds with the host's backend factory, with ragged verify on (what
     its ``__init__``, which the harness skips, sets up)."""
     worker, drafts = case.make_worker(None)
@@ -420,7 +421,7 @@ def ragged_step(case, lens) -> tuple:
         return plan(batch, width, always)
 
     ragged.plan = forced_plan
-    worker.controller.choose_k = lambda bs, rids: MAX_WIDTH - 1
+    worker.controller.choose_k = lambda bs, rids: width - 1
     batch = case.batch(worker)
     worker.forward_batch_generation(batch)
     return worker, drafts, batch, worker._target_worker.seen[-1], planned[-1]

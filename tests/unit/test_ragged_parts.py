@@ -164,6 +164,11 @@ def test_routes_per_backend_and_draft_shape():
         pass
 
     class FlashAttentionBackend:  # noqa: N801 - stands in for FA3 (needs a GPU)
+        has_swa = False
+        use_sliding_window_kv_pool = False
+        local_attn_builder = None
+
+    class TRTLLMHAAttnBackend:  # noqa: N801 - stands in for trtllm_mha (needs a GPU)
         pass
 
     class TritonAttnBackend:  # noqa: N801 - the host's triton: ragged via its metadata
@@ -182,7 +187,15 @@ def test_routes_per_backend_and_draft_shape():
     assert problem is None and chain.host_layout  # FA3's contract, emulated on the CPU
     fa3, problem = route(FlashAttentionBackend, chains=True)
     assert problem is None and fa3.host_layout and "FlashAttentionBackend" in fa3.describe()
+    # Trees on FA3: its cascade verify's metadata cut to the lengths (fa3_ragged.py).
+    fa3_tree, problem = route(FlashAttentionBackend, chains=False)
+    assert problem is None and not fa3_tree.host_layout and "FA3 tree" in fa3_tree.describe()
+    FlashAttentionBackend.has_swa = True
     none, problem = route(FlashAttentionBackend, chains=False)
+    assert none is None and "sliding-window" in problem and "padded" in problem
+    fa3, problem = route(FlashAttentionBackend, chains=True)  # chains do not care
+    assert problem is None and fa3.host_layout
+    none, problem = route(TRTLLMHAAttnBackend, chains=False)
     assert none is None and "SGLANG_SPEC_EXT_USE_TREE=0" in problem and "causal" in problem
     triton, problem = route(TritonAttnBackend, chains=False)
     assert problem is None and not triton.host_layout  # trees too (triton_ragged.py)

@@ -9,7 +9,10 @@ the ``L_i``; there are two routes, chosen per worker at start-up (:func:`ragged_
   with the plugin's verify attention (``cpu/fallbacks/verify_attention.py``), and the
   host's triton backend, whose extend kernel is ragged: the plugin cuts the verify
   metadata the host builds to the lengths (``triton_ragged.py``; eager steps, not in the
-  host's deterministic mode or with sliding-window layers).
+  host's deterministic mode or with sliding-window layers); and the host's FA3 with tree
+  drafts, whose cascade verify (a prefix pass, then a pass per draft token over the
+  drafts it sees) is varlen too: the plugin cuts both passes' metadata
+  (``fa3_ragged.py``; eager steps, not with sliding-window layers).
 * **host-layout route**: the verify input carries the host's own ``RaggedVerifyLayout``
   (``spec_info.ragged_verify_layout``, ``srt/speculative/ragged_verify.py``), from which
   the backend builds its varlen geometry (``build_ragged_target_verify_geometry``:
@@ -19,7 +22,7 @@ the ``L_i``; there are two routes, chosen per worker at start-up (:func:`ragged_
   means chains: a draft tree's siblings would see each other, so this route serves
   chain drafts only (SUFFIX with ``SGLANG_SPEC_EXT_USE_TREE=0``, which resolves
   ``--speculative-eagle-topk 1``; HYBRID's suffix rows, chains on these backends at topk
-  1). For chain drafts the CPU engine takes this route too, with an attention of FA3's
+  1); trees take the tree route on FA3 and stay padded on trtllm_mha. For chain drafts the CPU engine takes this route too, with an attention of FA3's
   semantics on the geometry the host builds (``cpu/causal_ragged_attention.py``), so the
   test bed runs the very contract the GPU backends read.
 
@@ -40,6 +43,9 @@ import torch
 TREE_ROUTE_BACKENDS = ("TorchNativeAttnBackend", "TritonAttnBackend")
 #: Host backends whose causal target verify reads ``spec_info.ragged_verify_layout``.
 HOST_LAYOUT_BACKENDS = ("FlashAttentionBackend", "TRTLLMHAAttnBackend")
+#: The host's FA3 / FA4 backend: chains on the host layout, trees on the tree route with
+#: its cascade verify metadata cut to the lengths (``fa3_ragged.py``).
+FA3_BACKEND = "FlashAttentionBackend"
 #: ``--attention-backend`` names of :data:`HOST_LAYOUT_BACKENDS`.
 HOST_LAYOUT_BACKEND_FLAGS = ("fa3", "trtllm_mha")
 #: The attribute a tree-route verify input carries during the target forward.
@@ -58,6 +64,11 @@ class RaggedRoute:
             return f"the host's ragged layout, read by {self.backend} (causal: chain drafts)"
         if self.backend == "TritonAttnBackend":
             return "the host's triton kernel on verify metadata cut to each request's length"
+        if self.backend == FA3_BACKEND:
+            return (
+                "the host's FA3 tree verify (prefix and per-draft passes) on metadata cut "
+                "to each request's length"
+            )
         return f"the plugin's tree verify on {self.backend}"
 
 
@@ -89,6 +100,13 @@ def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, s
     if name in HOST_LAYOUT_BACKENDS:
         if chains:
             return RaggedRoute(name, host_layout=True), None
+        if name == FA3_BACKEND:
+            from sglang_spec_ext.sglang.verify.fa3_ragged import fa3_tree_ragged_problem
+
+            problem = fa3_tree_ragged_problem(backend)
+            if problem is None:
+                return RaggedRoute(name, host_layout=False), None
+            return None, f"{problem}; verify stays padded to the batch's width"
         return None, (
             f"the {name} attention backend verifies a ragged layout causally (chain "
             "drafts only) and these drafts are trees; set SGLANG_SPEC_EXT_USE_TREE=0 to "
