@@ -61,6 +61,12 @@ CONFIGS = {
     # Overlap scheduling on the speculative server as on the plain one (the CPU engine
     # overlaps plain decoding only; SGLANG_SPEC_EXT_CPU_OVERLAP is the GPU path's emulation).
     "SUFFIX ragged overlap": (SUFFIX, {**STATS, "SGLANG_SPEC_EXT_CPU_OVERLAP": "1"}),
+    # The floor: SUFFIX drafting (matches, trees) with every draft budget cut to zero, so
+    # every step is the worker's plain decode step (a diagnostic, not in the default run).
+    "SUFFIX no drafts": (
+        SUFFIX,
+        {**STATS, "SGLANG_SPEC_EXT_SPEC_FACTOR": "0", "SGLANG_SPEC_EXT_SPEC_OFFSET": "-64"},
+    ),
 }
 DEFAULT_CONFIGS = ("plain", "SUFFIX padded", "adaptive padded", "SUFFIX ragged")
 

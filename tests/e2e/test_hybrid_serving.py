@@ -170,3 +170,61 @@ def test_hybrid_grammar_requests_parity_and_shaped_suffix_drafts(
             assert a == b, f"request {i} ({CONSTRAINTS[i] or 'free'}) differs from plain"
     suffix = _stats(tree_server)["suffix"]
     assert suffix["grammar_requests"] > 0 and suffix["grammar_faults"] == 0, suffix
+
+
+def test_hybrid_serves_external_corpora(tiny_baseline_server, chain_server, tok):
+    """The host's corpus endpoints on HYBRID (the host gives only NGRAM-route algorithms
+    a corpus manager; hybrid_corpora.py): a corpus of the model's own answers makes the
+    suffix drafts win on fresh tenants' requests (fewer verify steps), one limited to a
+    salt helps that salt only, removal takes the help away, bad input gets a 400; output
+    stays plain serving's."""
+    import requests
+
+    starts = ["The quick brown fox", "def reverse(items):", "A speculative decoder proposes"]
+    questions = [f"Question {i}: {q}" for i, q in enumerate(starts)]
+    prompts = [tok(q)["input_ids"] for q in questions]
+    want = [_greedy(tiny_baseline_server, ids, 40)["output_ids"] for ids in prompts]
+
+    def steps(salt):
+        out = []
+        for ids, expected in zip(prompts, want, strict=True):
+            got = chain_server.generate(input_ids=ids, max_new_tokens=40, temperature=0,
+                                        ignore_eos=True, fields={"cache_salt": salt})  # fmt: skip
+            assert got["output_ids"] == expected, f"salt {salt}: output differs from plain"
+            out.append(got["meta_info"]["spec_verify_ct"])
+        return out
+
+    def post(path, body):
+        return requests.post(chain_server.base_url + path, json=body, timeout=120)
+
+    def corpora():
+        r = requests.get(chain_server.base_url + "/list_external_corpora", timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["corpus_token_counts"]
+
+    before = steps("hybrid-fresh-1")
+    sep = -(2**31)
+    chunks = [([sep] if i else []) + ids + out
+              for i, (ids, out) in enumerate(zip(prompts, want, strict=True))]  # fmt: skip
+    r = post("/add_external_corpus", {"corpus_id": "answers", "token_chunks": chunks})
+    assert r.status_code == 200, r.text
+    assert set(corpora()) == {"answers"}
+    with_corpus = steps("hybrid-fresh-2")
+    print(f"\nHYBRID verify steps: without corpus {before}, with corpus {with_corpus}")
+    assert sum(with_corpus) < 0.6 * sum(before)
+    r = post("/remove_external_corpus", {"corpus_id": "answers"})
+    assert r.status_code == 200, r.text
+    assert corpora() == {}
+    # (HYBRID's learned choice moves between rounds: steps as before within a step or two)
+    assert sum(steps("hybrid-fresh-3")) > 0.9 * sum(before)
+    r = post("/add_external_corpus", {"corpus_id": "answers@vip", "token_chunks": chunks})
+    assert r.status_code == 200, r.text
+    assert sum(steps("hybrid-fresh-4")) > 0.9 * sum(before)
+    assert sum(steps("vip")) < 0.6 * sum(before)
+    r = post("/add_external_corpus", {"corpus_id": "bad", "documents": "not a list"})
+    assert r.status_code == 400
+    r = post("/remove_external_corpus", {"corpus_id": "never-added"})
+    assert r.status_code == 400
+    r = post("/remove_external_corpus", {"corpus_id": "answers@vip"})
+    assert r.status_code == 200 and corpora() == {}
+    assert chain_server.healthy()

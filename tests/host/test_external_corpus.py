@@ -1,5 +1,6 @@
 """The SUFFIX worker's external corpora (sglang/serving/external_corpus.py) with a real drafter,
-and the tokenizer-manager hooks leaving other algorithms to the host."""
+the tokenizer-manager hooks leaving other algorithms to the host, and HYBRID's scheduler
+getting the host's corpus manager (served: tests/e2e/test_hybrid_serving.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import threading
 import pytest
 
 from sglang_spec_ext.sglang.serving.external_corpus import (
+    SCHEDULER_TARGET,
     SEPARATOR_TOKEN,
     CorpusStore,
     add_corpus_around,
+    corpus_manager_after_draft_worker,
     install_external_corpus,
     list_corpora_around,
     remove_corpus_around,
@@ -107,3 +110,39 @@ def test_hooks_are_registered_on_the_host_mixin():
         ("list_external_corpora", list_corpora_around),
     ):
         assert any(h is hook for _t, h, _s in HookRegistry._hooks[f"{target}.{method}"])
+    assert any(
+        h is corpus_manager_after_draft_worker
+        for _t, h, _s in HookRegistry._hooks[SCHEDULER_TARGET]
+    )
+
+
+def test_a_hybrid_scheduler_gets_the_hosts_corpus_manager_others_keep_theirs():
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.external_corpus_manager import ExternalCorpusManager
+
+    from sglang_spec_ext.sglang.workers.hybrid_corpora import HybridCorporaMixin
+
+    class Hybrid(HybridCorporaMixin):  # what the manager calls: the mixin's four methods
+        def __init__(self) -> None:
+            self._suffix = None
+
+    sent = []
+    ipc = SimpleNamespace(send_to_tokenizer=SimpleNamespace(send_output=sent.append))
+    hybrid = SimpleNamespace(draft_worker=Hybrid(), external_corpus_manager=None,
+                             ipc_channels=ipc)  # fmt: skip
+    assert corpus_manager_after_draft_worker("r", hybrid) == "r"
+    manager = hybrid.external_corpus_manager
+    assert isinstance(manager, ExternalCorpusManager) and manager._worker is hybrid.draft_worker
+    # Before HYBRID's suffix drafter exists, a corpus call says so (the manager answers
+    # the request with the message, the server goes on).
+    with pytest.raises(ValueError, match="suffix drafter is not built yet"):
+        hybrid.draft_worker.list_external_corpora()
+    # Any other worker: the host's decision stands (NGRAM's manager, or none).
+    kept = object()
+    ngram = SimpleNamespace(draft_worker=_Worker(), external_corpus_manager=kept)
+    corpus_manager_after_draft_worker(None, ngram)
+    assert ngram.external_corpus_manager is kept
+    other = SimpleNamespace(draft_worker=object(), external_corpus_manager=None)
+    corpus_manager_after_draft_worker(None, other)
+    assert other.external_corpus_manager is None

@@ -1,4 +1,4 @@
-"""External corpora for SUFFIX: the host's NGRAM corpus API served by our drafter.
+"""External corpora for SUFFIX and HYBRID: the host's NGRAM corpus API served by our drafter.
 
 The host serves ``POST /add_external_corpus`` (``documents`` or a JSONL
 ``file_path``, an optional ``corpus_id``), ``POST /remove_external_corpus`` and
@@ -37,9 +37,11 @@ logger = logging.getLogger("sglang_spec_ext")
 #: (sglang/srt/speculative/cpp_ngram/external_corpus.py SEPARATOR_TOKEN).
 SEPARATOR_TOKEN = -(2**31)
 _MIXIN = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
-#: Algorithms whose corpus requests these hooks serve (HYBRID's scheduler has no
-#: corpus manager: the host creates one only for NGRAM-route algorithms).
-CORPUS_ALGORITHMS = ("SUFFIX",)
+#: Algorithms whose corpus requests these hooks serve. The host creates the scheduler's
+#: corpus manager for NGRAM-route algorithms only (SUFFIX is one); for HYBRID the AFTER
+#: hook on ``Scheduler.maybe_init_draft_worker`` creates it (``workers/hybrid_corpora.py``).
+CORPUS_ALGORITHMS = ("SUFFIX", "HYBRID")
+SCHEDULER_TARGET = "sglang.srt.managers.scheduler.Scheduler.maybe_init_draft_worker"
 BOUND_ENV = "SGLANG_SPEC_EXT_MAX_CORPUS_TOKENS"
 
 
@@ -108,7 +110,7 @@ class CorpusStore:
             self._worker.drafter.attach_corpus(corpus_id, corpus, scopes)
             self._attached[corpus_id] = (corpus, scopes)
         logger.info(
-            "SUFFIX external corpus %r attached: %d tokens%s",
+            "sglang-spec-ext: external corpus %r attached: %d tokens%s",
             corpus_id,
             corpus.tokens,
             f" for {len(scopes)} cache salt(s)" if scopes else " for every request",
@@ -249,8 +251,27 @@ async def list_corpora_around(original: Any, self: Any) -> Any:
     return ListExternalCorporaReqOutput(success=ok, corpus_token_counts=counts, message=message)
 
 
+# -- scheduler ---------------------------------------------------------------------------
+def corpus_manager_after_draft_worker(result: Any, scheduler: Any, *args: Any, **kw: Any) -> Any:
+    """AFTER ``Scheduler.maybe_init_draft_worker``: a HYBRID draft worker gets the host's
+    ``ExternalCorpusManager``, as the host gives NGRAM's (any other worker: unchanged)."""
+    from sglang_spec_ext.sglang.workers.hybrid_corpora import HybridCorporaMixin
+
+    worker = getattr(scheduler, "draft_worker", None)
+    if getattr(scheduler, "external_corpus_manager", None) is not None or not isinstance(
+        worker, HybridCorporaMixin
+    ):
+        return result
+    from sglang.srt.speculative.external_corpus_manager import ExternalCorpusManager
+
+    scheduler.external_corpus_manager = ExternalCorpusManager(
+        worker, scheduler.ipc_channels.send_to_tokenizer.send_output
+    )
+    return result
+
+
 def install_external_corpus() -> list[str]:
-    """Register the tokenizer-manager hooks (idempotent)."""
+    """Register the tokenizer-manager and scheduler hooks (idempotent)."""
     from sglang.srt.plugins.hook_registry import HookType
 
     from sglang_spec_ext.sglang.host.hooks import register_hooks_once
@@ -259,5 +280,6 @@ def install_external_corpus() -> list[str]:
         (f"{_MIXIN}.add_external_corpus", add_corpus_around, HookType.AROUND),
         (f"{_MIXIN}.remove_external_corpus", remove_corpus_around, HookType.AROUND),
         (f"{_MIXIN}.list_external_corpora", list_corpora_around, HookType.AROUND),
+        (SCHEDULER_TARGET, corpus_manager_after_draft_worker, HookType.AFTER),
     ]
     return ["external_corpus"] if register_hooks_once(hooks) else []

@@ -61,6 +61,7 @@ from sglang_spec_ext.sglang.serving.server_args import plugin_config
 from sglang_spec_ext.sglang.verify.rows import read_tree, write_trees
 from sglang_spec_ext.sglang.workers.hybrid_commits import CommitLog, StepRows, read_packed
 from sglang_spec_ext.sglang.workers.hybrid_confidence import FirstTokenProbs, ensure_tap
+from sglang_spec_ext.sglang.workers.hybrid_corpora import HybridCorporaMixin
 from sglang_spec_ext.sglang.workers.hybrid_draft import cut_and_whole, suffix_wins_everywhere
 from sglang_spec_ext.sglang.workers.hybrid_draft_hooks import hook_draft_worker
 from sglang_spec_ext.sglang.workers.hybrid_wide import PackedRows, WideStepsMixin
@@ -77,7 +78,7 @@ STATS_LOG_MARK = "sglang-spec-ext hybrid stats: "
 REQUEST_STATE_BOUND = 4096
 
 
-class HybridMixin(WideStepsMixin):
+class HybridMixin(WideStepsMixin, HybridCorporaMixin):
     """HYBRID's additions to a host model-draft worker (see the module docstring)."""
 
     @property
