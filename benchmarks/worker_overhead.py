@@ -121,10 +121,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--sizes", default="1,16,64,256")
     ap.add_argument("--json", default=str(REPO / "benchmarks/results/worker_overhead.json"))
+    ap.add_argument("--algorithms", default="NGRAM,SUFFIX,STANDALONE,HYBRID",
+                    help="comma list (NGRAM first: the ratios' reference)")  # fmt: skip
+    ap.add_argument("--profile-dir", type=Path, default=None,
+                    help="cProfile each server's decode steps to DIR/<algorithm>.prof "
+                    "(pstats; slows the steps: not for the figures)")  # fmt: skip
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     if not sizes or min(sizes) < 1 or max(sizes) > 512:
         ap.error(f"--sizes {args.sizes!r}: batch sizes from 1 to 512")
+    unknown = set(args.algorithms.split(",")) - {"NGRAM", "SUFFIX", "STANDALONE", "HYBRID"}
+    if unknown:
+        ap.error(f"--algorithms: unknown {sorted(unknown)}; of NGRAM, SUFFIX, STANDALONE, HYBRID")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from transformers import AutoTokenizer
@@ -143,10 +151,15 @@ def main(argv: list[str] | None = None) -> int:
            "SPEC_EXT_BENCH_STEP_TIMES_EVERY": "1",
            "SGLANG_SPEC_EXT_CPU_OVERLAP": "0", "SGLANG_SPEC_EXT_CPU_GRAPHS": "0"}  # fmt: skip
     results: dict[str, dict[str, dict]] = {}
-    jobs = [(name, bs) for name in configs(draft) for bs in sizes]
+    chosen = {n: c for n, c in configs(draft).items() if n in args.algorithms.split(",")}
+    jobs = [(name, bs) for name in chosen for bs in sizes]
     bar = tqdm(total=len(jobs), desc="worker overhead", unit="job")
-    for name, extra in configs(draft).items():
-        server = LaunchedServer(str(model), with_cpu_defaults([*common, *extra]), env=env,
+    for name, extra in chosen.items():
+        server_env = dict(env)
+        if args.profile_dir is not None:
+            args.profile_dir.mkdir(parents=True, exist_ok=True)
+            server_env["SPEC_EXT_BENCH_PROFILE"] = str(args.profile_dir / f"{name}.prof")
+        server = LaunchedServer(str(model), with_cpu_defaults([*common, *extra]), env=server_env,
                                 pythonpath=[str(SITE)], name=f"overhead-{name.lower()}")  # fmt: skip
         # the CPU-serving site directory must come first (it runs ours next)
         server.env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(SITE)])
@@ -187,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{label} per decode step outside the model forwards (x NGRAM)")
         print(f"{'bs':>5}" + "".join(f"{n:>20}" for n in results))
         for bs in sizes:
-            ref = results["NGRAM"][str(bs)].get(key)
+            ref = results.get("NGRAM", {}).get(str(bs), {}).get(key)
             cells = []
             for name in results:
                 v = results[name][str(bs)].get(key)
