@@ -123,14 +123,16 @@ def install_runtime_hooks() -> list[str]:
     if _host_runs_cpu_engine():
         installed += _install_cpu_engine(config)
     elif config.ragged_verify:
-        # Ragged verify metadata for the triton backend and for FA3's tree verify (inert
-        # unless a verify carries per-request lengths: verify/triton_ragged.py,
-        # verify/fa3_ragged.py).
+        # Ragged verify metadata for the triton backend, FA3's tree verify and flashinfer
+        # (inert unless a verify carries per-request lengths: verify/triton_ragged.py,
+        # verify/fa3_ragged.py, verify/flashinfer_ragged.py).
         from sglang_spec_ext.sglang.verify.fa3_ragged import install_fa3_ragged
+        from sglang_spec_ext.sglang.verify.flashinfer_ragged import install_flashinfer_ragged
         from sglang_spec_ext.sglang.verify.triton_ragged import install_triton_ragged
 
         installed += install_triton_ragged()
         installed += install_fa3_ragged()
+        installed += install_flashinfer_ragged()
         if config.ragged_graphs:
             # Token-bucket verify graphs for chain drafts on FA3 / trtllm_mha (inert unless
             # SUFFIX's spec class opts in: verify/ragged_graphs.py).

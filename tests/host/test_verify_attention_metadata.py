@@ -402,14 +402,15 @@ class Case:
         return problems
 
 
-def ragged_step(case, lens, width: int = MAX_WIDTH) -> tuple:
+def ragged_step(case, lens, width: int = MAX_WIDTH, startup_backend=None) -> tuple:
     """One decode step of a ragged worker at ``width`` (the controller's choice; default
     the startup width), each request verifying ``lens`` tokens (root included, cut to the
     width) in place of its drafts' lengths: ``(worker, drafts, batch, record, lens as
-    verified)``. The worker is the adaptive one
+    verified)``. ``startup_backend``: a builder of the target's backend (default: the
+    host's factory). The worker is the adaptive one
     ``make_worker`` builds with the host's backend factory, with ragged verify on (what
     its ``__init__``, which the harness skips, sets up)."""
-    worker, drafts = case.make_worker(None)
+    worker, drafts = case.make_worker(None, startup_backend)
     worker.topk = case.topk
     worker._init_ragged()
     ragged = worker._ragged

@@ -175,8 +175,9 @@ def test_routes_per_backend_and_draft_shape():
         enable_deterministic = False
         sliding_window_size = None
 
-    class FlashInferAttnBackend:  # noqa: N801
-        pass
+    class FlashInferAttnBackend:  # noqa: N801 - stands in for flashinfer (needs a GPU)
+        use_sliding_window_kv_pool = False
+        indices_updater_prefill = None
 
     def route(backend, chains):
         return ragged_route(SimpleNamespace(attn_backend=backend()), chains)
@@ -202,8 +203,23 @@ def test_routes_per_backend_and_draft_shape():
     TritonAttnBackend.enable_deterministic = True  # its unified kernel: one width
     none, problem = route(TritonAttnBackend, chains=False)
     assert none is None and "deterministic" in problem and "padded" in problem
-    none, problem = route(FlashInferAttnBackend, chains=True)
-    assert none is None and "FlashInferAttnBackend" in problem and "padded" in problem
+    # flashinfer: SUFFIX's verify input plans per request (flashinfer_ragged.py), trees and
+    # chains; HYBRID's (the host's EAGLE verify input) stays padded; so do its SWA layers.
+    for chains in (False, True):
+        fi, problem = route(FlashInferAttnBackend, chains=chains)
+        assert problem is None and not fi.host_layout and "flashinfer" in fi.describe()
+    none, problem = ragged_route(SimpleNamespace(attn_backend=FlashInferAttnBackend()), False,
+                                 eagle_verify=True)  # fmt: skip
+    assert none is None and "SUFFIX's verify input" in problem and "padded" in problem
+    FlashInferAttnBackend.use_sliding_window_kv_pool = True
+    none, problem = route(FlashInferAttnBackend, chains=False)
+    assert none is None and "sliding-window" in problem
+
+    class AiterAttnBackend:  # noqa: N801 - any other backend: padded, and says so
+        pass
+
+    none, problem = route(AiterAttnBackend, chains=True)
+    assert none is None and "AiterAttnBackend" in problem and "padded" in problem
 
 
 def test_the_host_layout_route_hands_the_forward_the_hosts_layout():

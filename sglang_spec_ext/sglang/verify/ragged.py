@@ -25,10 +25,11 @@ and sampling verify, the KV moves, the overlap relay. What changes, per verify s
 
 Which attention backend can run a ragged target verify, and for which drafts
 (``ragged_backends.py``): the CPU engine's ``torch_native`` with the plugin's verify
-attention, and the host's triton (its verify metadata cut to the lengths,
-``triton_ragged.py``), trees and chains; the host's FA3 and trtllm_mha through the host's
-own layout, causal, so chain drafts only (``SGLANG_SPEC_EXT_USE_TREE=0``); flashinfer
-keeps the padded verify. Under CUDA graphs the target's verify graphs are keyed by total
+attention, the host's triton (its verify metadata cut to the lengths,
+``triton_ragged.py``) and flashinfer (SUFFIX's prefill plan cut to them,
+``flashinfer_ragged.py``), trees and chains; FA3 with trees (its two-pass tree-verify
+metadata cut, ``fa3_ragged.py``); the host's FA3 and trtllm_mha through the host's own
+layout, causal, so chain drafts only (``SGLANG_SPEC_EXT_USE_TREE=0``). Under CUDA graphs the target's verify graphs are keyed by total
 verify tokens where the backend has a ragged verify in graphs (``ragged_graphs.py``): the
 compact forward is padded to its token bucket and carries the host's layout; elsewhere a
 ragged step runs the target forward eagerly (graphs captured for ``bs * W`` tokens).
@@ -207,7 +208,8 @@ class RaggedTarget:
             self._ragged.stats.bucket_steps += 1
             self._ragged.stats.bucket_tokens += layout.graph_num_tokens
         batch.input_ids, batch.out_cache_loc, spec_info.positions = compact
-        carry_lens(spec_info, plan.lens, self._ragged.route, keep.device)
+        carry_lens(spec_info, plan.lens, self._ragged.route, keep.device,
+                   getattr(batch, "seq_lens_cpu", None))  # fmt: skip
         self._ragged.stats.host_layout_steps += self._ragged.route.host_layout
         try:
             result = self._worker.forward_batch_generation(batch, *args, **kwargs)
@@ -241,7 +243,9 @@ class RaggedForwardTarget:
         fb.input_ids, fb.positions, fb.out_cache_loc, spec_info.positions = (
             t.view(-1)[keep] for t in saved
         )
-        carry_lens(spec_info, plan.lens, self._route, keep.device)
+        carry_lens(
+            spec_info, plan.lens, self._route, keep.device, getattr(fb, "seq_lens_cpu", None)
+        )
         try:
             result = self._worker.forward_batch_generation(*args, **kwargs)
         finally:

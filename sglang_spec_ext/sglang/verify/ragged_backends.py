@@ -26,8 +26,11 @@ the ``L_i``; there are two routes, chosen per worker at start-up (:func:`ragged_
   semantics on the geometry the host builds (``cpu/causal_ragged_attention.py``), so the
   test bed runs the very contract the GPU backends read.
 
-flashinfer's eager target verify ignores a layout and its graphs refuse one: it verifies
-padded to the batch's width (one start-up line says why).
+* flashinfer (SUFFIX only): its eager target verify ignores a layout and its graphs refuse
+  one, but the prefill it plans is ragged; SUFFIX's verify input hands the planner
+  per-request queries, keys and mask cut to the lengths (``flashinfer_ragged.py``, the tree
+  route; eager steps, not with sliding-window layers). HYBRID's wide steps (the host's
+  EAGLE verify input) stay padded there.
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ FA3_BACKEND = "FlashAttentionBackend"
 HOST_LAYOUT_BACKEND_FLAGS = ("fa3", "trtllm_mha")
 #: The attribute a tree-route verify input carries during the target forward.
 LENS_ATTR = "ragged_lens_cpu"
+#: ... and its requests' committed lengths, host values (what flashinfer's cut reads).
+SEQ_LENS_ATTR = "ragged_seq_lens_cpu"
+#: The host's flashinfer backend: the tree route through SUFFIX's verify input's prefill
+#: arguments (``flashinfer_ragged.py``); HYBRID's verify input is the host's EAGLE one.
+FLASHINFER_BACKEND = "FlashInferAttnBackend"
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,8 @@ class RaggedRoute:
             return f"the host's ragged layout, read by {self.backend} (causal: chain drafts)"
         if self.backend == "TritonAttnBackend":
             return "the host's triton kernel on verify metadata cut to each request's length"
+        if self.backend == FLASHINFER_BACKEND:
+            return "the host's flashinfer prefill planned per request's length"
         if self.backend == FA3_BACKEND:
             return (
                 "the host's FA3 tree verify (prefix and per-draft passes) on metadata cut "
@@ -85,11 +95,23 @@ def triton_ragged_problem(backend: Any) -> str | None:
     return None
 
 
-def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, str | None]:
+def ragged_route(
+    model_runner: Any, chains: bool, eagle_verify: bool = False
+) -> tuple[RaggedRoute | None, str | None]:
     """The route of a target whose drafts are chains (``chains``) or trees: ``(route,
-    None)``, or ``(None, why the verify stays padded)``."""
+    None)``, or ``(None, why the verify stays padded)``. ``eagle_verify``: the verify input
+    is the host's EAGLE one (HYBRID), not SUFFIX's NGRAM one."""
     backend = getattr(model_runner, "attn_backend", None)
     name = type(backend).__name__
+    if name == FLASHINFER_BACKEND:
+        from sglang_spec_ext.sglang.verify.flashinfer_ragged import flashinfer_ragged_problem
+
+        problem = flashinfer_ragged_problem(backend)
+        if eagle_verify:
+            problem = "the flashinfer backend's ragged verify reads SUFFIX's verify input"
+        if problem is not None:
+            return None, f"{problem}; verify stays padded to the batch's width"
+        return RaggedRoute(name, host_layout=False), None
     if name == "TritonAttnBackend":
         problem = triton_ragged_problem(backend)
         if problem is not None:
@@ -114,8 +136,8 @@ def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, s
         )
     return None, (
         f"the {name} attention backend has no ragged target verify (ragged: "
-        f"{', '.join(TREE_ROUTE_BACKENDS + HOST_LAYOUT_BACKENDS)}); verify stays padded to "
-        "the batch's width"
+        f"{', '.join((*TREE_ROUTE_BACKENDS, FLASHINFER_BACKEND, *HOST_LAYOUT_BACKENDS))}); "
+        "verify stays padded to the batch's width"
     )
 
 
@@ -152,12 +174,16 @@ def layout_from_lens(lens: list[int], device: Any, graph_num_tokens: int | None 
     )
 
 
-def carry_lens(spec_info: Any, lens: list[int], route: RaggedRoute, device: Any) -> None:
+def carry_lens(
+    spec_info: Any, lens: list[int], route: RaggedRoute, device: Any, seq_lens_cpu: Any = None
+) -> None:
     """Put a ragged verify's lengths where ``route``'s backend reads them (no host sync:
-    ``lens`` are host values, :func:`layout_from_lens`). A layout the verify input already
-    carries (a token bucket's, ``ragged_graphs.py``) is kept."""
+    ``lens`` are host values, :func:`layout_from_lens`; ``seq_lens_cpu``: the requests'
+    committed lengths on the host, which flashinfer's cut reads). A layout the verify input
+    already carries (a token bucket's, ``ragged_graphs.py``) is kept."""
     if not route.host_layout:
         setattr(spec_info, LENS_ATTR, list(lens))
+        setattr(spec_info, SEQ_LENS_ATTR, seq_lens_cpu)
         return
     if getattr(spec_info, "ragged_verify_layout", None) is None:
         spec_info.ragged_verify_layout = layout_from_lens(lens, device)
@@ -166,5 +192,6 @@ def carry_lens(spec_info: Any, lens: list[int], route: RaggedRoute, device: Any)
 def drop_lens(spec_info: Any) -> None:
     """Undo :func:`carry_lens` (and a bucket's layout) after the forward."""
     setattr(spec_info, LENS_ATTR, None)
+    setattr(spec_info, SEQ_LENS_ATTR, None)
     if getattr(spec_info, "ragged_verify_layout", None) is not None:
         spec_info.ragged_verify_layout = None
