@@ -11,7 +11,8 @@ From those arguments the test computes what flashinfer's batch prefill over a pa
 cache computes (per request: its queries ``qo_indptr``, its keys ``kv_indices[kv_indptr]``
 at page size 1, the flattened ``queries x keys`` custom mask) over a random KV pool; it
 must equal the plugin's tree verify of the same drafts and lengths
-(``tree_verify_attention``). What only a GPU shows: flashinfer's kernel on that plan.
+(``tree_verify_attention``). The host's EAGLE verify input (HYBRID's wide steps) with
+the same lengths plans the same. What only a GPU shows: flashinfer's kernel on that plan.
 """
 
 from __future__ import annotations
@@ -101,6 +102,28 @@ def kernel_main(lens: list[int], page_size: int, use_tree: bool, width: int) -> 
                                                  strict=True)]  # fmt: skip
     want = tree_verify_attention(q, k_pool, v_pool, prefix, loc, visible, scaling=SCALE,
                                  lens=verified)  # fmt: skip
+    # HYBRID's wide steps hand the same planner the host's EAGLE verify input: the hook on
+    # its generate_attn_arg_prefill, with the same lengths and mask, plans the same.
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    from sglang_spec_ext.sglang.verify.ragged_backends import LENS_ATTR, SEQ_LENS_ATTR
+
+    eagle = object.__new__(EagleVerifyInput)
+    eagle.draft_token_num, eagle.custom_mask = width, record["spec_info"].custom_mask
+    setattr(eagle, LENS_ATTR, list(verified))
+    setattr(eagle, SEQ_LENS_ATTR, batch.seq_lens_cpu)
+    kv_indices, kv_indptr, qo_indptr, mask = eagle.generate_attn_arg_prefill(
+        req_pool_indices=fb.req_pool_indices, paged_kernel_lens=fb.seq_lens,
+        paged_kernel_lens_sum=int(fb.seq_lens.sum()), translator=backend.kv_index_translator,
+        plan=fb.kv_loc_plan,
+    )  # fmt: skip
+    n_kv = int(kv_indptr[-1])
+    eagle_same = (
+        torch.equal(qo_indptr, plan["qo_indptr"])
+        and torch.equal(kv_indptr, plan["kv_indptr"])
+        and torch.equal(kv_indices[:n_kv], plan["kv_indices"][:n_kv])
+        and torch.equal(mask, plan["custom_mask"])
+    )
     # A wrong cut (the padded mask's first rows read as each request's): must differ.
     wrong = dict(plan, custom_mask=record["spec_info"].custom_mask[: plan["custom_mask"].numel()])
     return {
@@ -112,6 +135,7 @@ def kernel_main(lens: list[int], page_size: int, use_tree: bool, width: int) -> 
         "tree": bool(branched),
         "max_abs_diff": float((got - want).abs().max()),
         "wrong_cut_diff": float((paged_prefill(q, k_pool, v_pool, wrong) - want).abs().max()),
+        "eagle_verify_input_plans_the_same": eagle_same,
         "route": ragged.route.backend,
         "host_layout": ragged.route.host_layout,
     }
@@ -158,3 +182,4 @@ def test_flashinfer_plans_each_requests_own_draft(page_size, use_tree, lens, wid
     assert result["kv_indptr"] == [0, *np.cumsum(kv).tolist()]
     assert result["max_abs_diff"] < 1e-5, result
     assert result["wrong_cut_diff"] > 0.1, result
+    assert result["eagle_verify_input_plans_the_same"]

@@ -203,14 +203,11 @@ def test_routes_per_backend_and_draft_shape():
     TritonAttnBackend.enable_deterministic = True  # its unified kernel: one width
     none, problem = route(TritonAttnBackend, chains=False)
     assert none is None and "deterministic" in problem and "padded" in problem
-    # flashinfer: SUFFIX's verify input plans per request (flashinfer_ragged.py), trees and
-    # chains; HYBRID's (the host's EAGLE verify input) stays padded; so do its SWA layers.
+    # flashinfer: the verify input plans per request (flashinfer_ragged.py), trees and
+    # chains; not with its sliding-window layers.
     for chains in (False, True):
         fi, problem = route(FlashInferAttnBackend, chains=chains)
         assert problem is None and not fi.host_layout and "flashinfer" in fi.describe()
-    none, problem = ragged_route(SimpleNamespace(attn_backend=FlashInferAttnBackend()), False,
-                                 eagle_verify=True)  # fmt: skip
-    assert none is None and "SUFFIX's verify input" in problem and "padded" in problem
     FlashInferAttnBackend.use_sliding_window_kv_pool = True
     none, problem = route(FlashInferAttnBackend, chains=False)
     assert none is None and "sliding-window" in problem

@@ -6,22 +6,21 @@ committed tokens plus its verify tokens the keys (``kv_indptr`` / ``kv_indices``
 through ``req_to_token``), and the tree mask in the FULL_MASK layout (per request ``n``
 rows of ``seq_len + n`` columns) says which key each query sees. flashinfer's prefill is
 ragged; only the arguments the verify input hands the planner are uniform: SGLang's
-``NgramVerifyInput.generate_attn_arg_prefill`` (what SUFFIX's verify input is) gives
-every request ``W`` queries over ``seq_len + W`` keys. SGLang 0.5.23 has no ragged
-verify for flashinfer (its graphs refuse a ``RaggedVerifyLayout``, its eager verify
-ignores one).
+``generate_attn_arg_prefill`` of ``NgramVerifyInput`` (SUFFIX's verify input) and of
+``EagleVerifyInput`` (HYBRID's, widened on its wide steps) gives every request ``W``
+queries over ``seq_len + W`` keys. SGLang 0.5.23 has no ragged verify for flashinfer (its
+graphs refuse a ``RaggedVerifyLayout``, its eager verify ignores one).
 
-:func:`ngram_prefill_args_hook` (AROUND ``NgramVerifyInput.generate_attn_arg_prefill``)
-makes the eager verify ragged where SUFFIX's verify input carries per-request lengths
-(``ragged_lens_cpu``, ``ragged_backends.py``'s tree route): queries ``[0, L_0, L_0 + L_1,
-...]``, keys ``seq_len + L_i`` per request (the committed tokens and the first ``L_i``
-draft slots, which are the KV slots the compact forward writes), packed by the host's own
-translator, and the mask cut to each request's ``L_i`` rows of ``seq_len + L_i`` columns
-(``triton_ragged.ragged_full_mask``: the same FULL_MASK layout). Trees and chains; eager
-only (the verify graphs are captured for ``bs x W`` tokens and the host's runner sends a
-compact NGRAM-shaped batch eager). Not with sliding-window layers
-(``flashinfer_ragged_problem``), and not for HYBRID, whose verify input is the host's
-EAGLE one.
+:func:`verify_prefill_args_hook` (AROUND both methods) makes the eager verify ragged where
+a verify input carries per-request lengths (``ragged_lens_cpu``, ``ragged_backends.py``'s
+tree route): queries ``[0, L_0, L_0 + L_1, ...]``, keys ``seq_len + L_i`` per request (the
+committed tokens and the first ``L_i`` draft slots, which are the KV slots the compact
+forward writes), packed by the host's own translator, and the mask cut to each request's
+``L_i`` rows of ``seq_len + L_i`` columns (``triton_ragged.ragged_full_mask``: the same
+FULL_MASK layout). Trees and chains; eager only (the verify graphs are captured for
+``bs x W`` tokens and the host's runner sends a compact batch eager: its NGRAM check for
+SUFFIX, its width check for HYBRID's wide steps). Not with sliding-window layers
+(``flashinfer_ragged_problem``).
 
 No host sync added: lengths and committed lengths are host values (the batch's
 ``seq_lens_cpu``, carried on the verify input as ``ragged_seq_lens_cpu``), the offsets go
@@ -40,8 +39,12 @@ import torch
 from sglang_spec_ext.sglang.verify.ragged_backends import LENS_ATTR, SEQ_LENS_ATTR, to_device
 from sglang_spec_ext.sglang.verify.triton_ragged import ragged_full_mask
 
-#: The host method the hook wraps (SUFFIX's verify input; HYBRID's is the EAGLE one).
-PREFILL_ARGS_TARGET = "sglang.srt.speculative.ngram_info.NgramVerifyInput.generate_attn_arg_prefill"
+#: The host methods the hook wraps: SUFFIX's verify input's and HYBRID's (the host's EAGLE
+#: verify input, which a wide step widens); the same uniform layout.
+PREFILL_ARGS_TARGETS = (
+    "sglang.srt.speculative.ngram_info.NgramVerifyInput.generate_attn_arg_prefill",
+    "sglang.srt.speculative.eagle_info.EagleVerifyInput.generate_attn_arg_prefill",
+)
 
 
 def flashinfer_ragged_problem(backend: Any) -> str | None:
@@ -55,9 +58,9 @@ def flashinfer_ragged_problem(backend: Any) -> str | None:
     return None
 
 
-def ngram_prefill_args_hook(original: Callable[..., Any], verify_input: Any, **kw: Any) -> Any:
-    """AROUND ``NgramVerifyInput.generate_attn_arg_prefill``: ragged prefill arguments
-    where the verify input carries per-request lengths (module doc)."""
+def verify_prefill_args_hook(original: Callable[..., Any], verify_input: Any, **kw: Any) -> Any:
+    """AROUND ``NgramVerifyInput`` / ``EagleVerifyInput.generate_attn_arg_prefill``: ragged
+    prefill arguments where the verify input carries per-request lengths (module doc)."""
     lens = getattr(verify_input, LENS_ATTR, None)
     seq_lens = getattr(verify_input, SEQ_LENS_ATTR, None)
     if lens is None or seq_lens is None:
@@ -106,5 +109,7 @@ def install_flashinfer_ragged() -> list[str]:
 
     from sglang_spec_ext.sglang.host.hooks import register_hooks_once
 
-    register_hooks_once([(PREFILL_ARGS_TARGET, ngram_prefill_args_hook, HookType.AROUND)])
+    register_hooks_once(
+        [(target, verify_prefill_args_hook, HookType.AROUND) for target in PREFILL_ARGS_TARGETS]
+    )
     return ["flashinfer_ragged"]

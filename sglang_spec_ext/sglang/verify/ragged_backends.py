@@ -26,11 +26,10 @@ the ``L_i``; there are two routes, chosen per worker at start-up (:func:`ragged_
   semantics on the geometry the host builds (``cpu/causal_ragged_attention.py``), so the
   test bed runs the very contract the GPU backends read.
 
-* flashinfer (SUFFIX only): its eager target verify ignores a layout and its graphs refuse
-  one, but the prefill it plans is ragged; SUFFIX's verify input hands the planner
-  per-request queries, keys and mask cut to the lengths (``flashinfer_ragged.py``, the tree
-  route; eager steps, not with sliding-window layers). HYBRID's wide steps (the host's
-  EAGLE verify input) stay padded there.
+* flashinfer: its eager target verify ignores a layout and its graphs refuse one, but the
+  prefill it plans is ragged; the verify input (SUFFIX's NGRAM one, HYBRID's EAGLE one)
+  hands the planner per-request queries, keys and mask cut to the lengths
+  (``flashinfer_ragged.py``, the tree route; eager steps, not with sliding-window layers).
 """
 
 from __future__ import annotations
@@ -55,8 +54,8 @@ HOST_LAYOUT_BACKEND_FLAGS = ("fa3", "trtllm_mha")
 LENS_ATTR = "ragged_lens_cpu"
 #: ... and its requests' committed lengths, host values (what flashinfer's cut reads).
 SEQ_LENS_ATTR = "ragged_seq_lens_cpu"
-#: The host's flashinfer backend: the tree route through SUFFIX's verify input's prefill
-#: arguments (``flashinfer_ragged.py``); HYBRID's verify input is the host's EAGLE one.
+#: The host's flashinfer backend: the tree route through the verify input's prefill
+#: arguments (``flashinfer_ragged.py``: SUFFIX's NGRAM and HYBRID's EAGLE verify inputs).
 FLASHINFER_BACKEND = "FlashInferAttnBackend"
 
 
@@ -95,20 +94,15 @@ def triton_ragged_problem(backend: Any) -> str | None:
     return None
 
 
-def ragged_route(
-    model_runner: Any, chains: bool, eagle_verify: bool = False
-) -> tuple[RaggedRoute | None, str | None]:
+def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, str | None]:
     """The route of a target whose drafts are chains (``chains``) or trees: ``(route,
-    None)``, or ``(None, why the verify stays padded)``. ``eagle_verify``: the verify input
-    is the host's EAGLE one (HYBRID), not SUFFIX's NGRAM one."""
+    None)``, or ``(None, why the verify stays padded)``."""
     backend = getattr(model_runner, "attn_backend", None)
     name = type(backend).__name__
     if name == FLASHINFER_BACKEND:
         from sglang_spec_ext.sglang.verify.flashinfer_ragged import flashinfer_ragged_problem
 
         problem = flashinfer_ragged_problem(backend)
-        if eagle_verify:
-            problem = "the flashinfer backend's ragged verify reads SUFFIX's verify input"
         if problem is not None:
             return None, f"{problem}; verify stays padded to the batch's width"
         return RaggedRoute(name, host_layout=False), None

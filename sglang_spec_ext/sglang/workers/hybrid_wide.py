@@ -249,8 +249,7 @@ class WideStepsMixin:
         if problem is None:
             # Every row a chain: topk 1 and suffix drafts as chains (tree_rows_problem).
             chains = int(self.topk) <= 1 and not self._suffix_trees
-            route, problem = ragged_route(self.target_worker.model_runner, chains,
-                                          eagle_verify=True)  # fmt: skip
+            route, problem = ragged_route(self.target_worker.model_runner, chains)
         problem = problem or _lora_problem(self)
         self._ragged_route = route if problem is None else None
         logger.info("HYBRID: wide steps verify %s", f"each row at its own length (ragged: "
