@@ -17,17 +17,12 @@ the same lengths plans the same. What only a GPU shows: flashinfer's kernel on t
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.harness.subproc import interpreted_result
+
 HEADS, KV_HEADS, DIM, SCALE = 4, 2, 16, 0.25
 
 
@@ -54,21 +49,16 @@ def paged_prefill(q, k_pool, v_pool, plan) -> torch.Tensor:
 def kernel_main(lens: list[int], page_size: int, use_tree: bool, width: int) -> dict:
     """In the interpreted subprocess: one ragged step, then the plan's attention against
     the reference. Returns what the test asserts on."""
-    from sglang_spec_ext.sglang.cpu import placeholders as cpu_placeholders
     from sglang_spec_ext.sglang.cpu.fallbacks.verify_attention import tree_verify_attention
     from sglang_spec_ext.sglang.verify.flashinfer_ragged import install_flashinfer_ragged
     from tests.host.test_verify_attention_metadata import (
         Case,
         flashinfer_target_verify_backend,
-        install_host_stand_ins,
+        interpreted_host,
         ragged_step,
     )
 
-    cpu_placeholders.install()
-    install_host_stand_ins(setattr)
-    from sglang.srt.runtime_context import get_parallel
-
-    get_parallel().override_permanently(attn_dcp_rank=0)
+    interpreted_host()
     install_flashinfer_ragged()
     case = Case("flashinfer", page_size, use_tree=use_tree)
     try:
@@ -142,24 +132,9 @@ def kernel_main(lens: list[int], page_size: int, use_tree: bool, width: int) -> 
 
 
 def _run(lens: list[int], page_size: int, use_tree: bool, width: int) -> dict:
-    code = textwrap.dedent(
-        f"""
-        import json, os
-        os.environ["TRITON_INTERPRET"] = "1"
-        from tests.host.test_flashinfer_ragged_verify import kernel_main
-        print("RESULT " + json.dumps(kernel_main({lens!r}, {page_size!r}, {use_tree!r},
-                                                 {width!r})))
-        """
+    return interpreted_result(
+        "tests.host.test_flashinfer_ragged_verify", "kernel_main", lens, page_size, use_tree, width
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, (
-        f"subprocess failed (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    )
-    return json.loads(lines[-1][len("RESULT ") :])
 
 
 @pytest.mark.parametrize(

@@ -16,19 +16,12 @@ of ragged steps beside the ``bs x W`` verify graphs.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 import torch
 
 from sglang_spec_ext.sglang.verify.triton_ragged import ragged_full_mask
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.harness.subproc import interpreted_result
 
 
 def test_full_mask_cut_keeps_each_requests_rows_and_columns():
@@ -49,22 +42,17 @@ def kernel_main(lens: list[int], page_size: int, use_tree: bool) -> dict:
     reference. Returns what the test asserts on."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
-    from sglang_spec_ext.sglang.cpu import placeholders as cpu_placeholders
     from sglang_spec_ext.sglang.cpu.fallbacks.verify_attention import tree_verify_attention
     from sglang_spec_ext.sglang.verify.triton_ragged import install_triton_ragged
     from tests.host.test_verify_attention_metadata import (
         MAX_WIDTH,
         Case,
         has_branches,
-        install_host_stand_ins,
+        interpreted_host,
         ragged_step,
     )
 
-    cpu_placeholders.install()
-    install_host_stand_ins(setattr)
-    from sglang.srt.runtime_context import get_parallel
-
-    get_parallel().override_permanently(attn_dcp_rank=0)
+    interpreted_host()
     install_triton_ragged()
     case = Case("triton", page_size, use_tree=use_tree)
     try:
@@ -114,23 +102,9 @@ def kernel_main(lens: list[int], page_size: int, use_tree: bool) -> dict:
 
 
 def _run(lens: list[int], page_size: int, use_tree: bool) -> dict:
-    code = textwrap.dedent(
-        f"""
-        import json, os
-        os.environ["TRITON_INTERPRET"] = "1"
-        from tests.host.test_triton_ragged_verify import kernel_main
-        print("RESULT " + json.dumps(kernel_main({lens!r}, {page_size!r}, {use_tree!r})))
-        """
+    return interpreted_result(
+        "tests.host.test_triton_ragged_verify", "kernel_main", lens, page_size, use_tree
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, (
-        f"subprocess failed (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    )
-    return json.loads(lines[-1][len("RESULT ") :])
 
 
 @pytest.mark.parametrize(

@@ -703,16 +703,22 @@ def check_flashinfer(record, width, tree, batch) -> list[str]:
     return problems
 
 
-def backend_main(backend: str, cases: list[tuple[int, bool]]) -> dict:
-    """Run in the subprocess (``TRITON_INTERPRET=1``): problems per case and width."""
+def interpreted_host() -> None:
+    """In an interpreted subprocess (``TRITON_INTERPRET=1``): the CPU placeholders of the
+    host's GPU modules, the harness's stand-ins, one rank without decode context
+    parallelism (the process builds no process groups)."""
+    from sglang.srt.runtime_context import get_parallel
+
     from sglang_spec_ext.sglang.cpu import placeholders as cpu_placeholders
 
     cpu_placeholders.install()
     install_host_stand_ins(setattr)
-    from sglang.srt.runtime_context import get_parallel
-
-    # One rank, no decode context parallelism (this process builds no process groups).
     get_parallel().override_permanently(attn_dcp_rank=0)
+
+
+def backend_main(backend: str, cases: list[tuple[int, bool]]) -> dict:
+    """Run in the subprocess (``TRITON_INTERPRET=1``): problems per case and width."""
+    interpreted_host()
     results = {}
     for page_size, use_tree in cases:
         case = Case(backend, page_size, use_tree)
