@@ -164,3 +164,51 @@ def test_the_cut_keeps_each_requests_first_rows_and_refuses_bad_lengths():
     assert md.max_seq_len_q == 4
     with pytest.raises(ValueError, match="outside 1..4"):
         cut_tree_metadata(backend, [5, 1, 1])
+
+
+def test_fixed_suffix_builds_fa3_backends_for_shorter_steps_at_start_up(monkeypatch):
+    """FA3 sizes its verify metadata at construction, so a ragged step verified at the
+    batch's longest draft needs a backend of that width: fixed SUFFIX builds them at
+    start-up (not inside a decode step); where they cannot be built, ragged steps verify
+    at the whole width. Backends that read the width per step (flashinfer) build none."""
+    from sglang_spec_ext.sglang.workers.adaptive_worker import AdaptiveSuffixWorker
+    from sglang_spec_ext.sglang.workers.suffix_worker import SuffixWorker
+
+    install_host_stand_ins(monkeypatch.setattr)
+    # The harness's worker as the fixed-width one starts: SuffixWorker's start-up, which
+    # leaves the widths to the ragged set-up (adaptive SUFFIX builds every width itself).
+    monkeypatch.setattr(AdaptiveSuffixWorker, "init_cuda_graphs", SuffixWorker.init_cuda_graphs)
+    monkeypatch.setattr(AdaptiveSuffixWorker, "PREPARES_EVERY_WIDTH", False)
+    from tests.host.test_verify_attention_metadata import flashinfer_target_verify_backend
+
+    for backend in ("fa3", "flashinfer"):
+        case = Case(backend, page_size=1, use_tree=True)
+        try:
+            built: list[int] = []
+            startup = flashinfer_target_verify_backend if backend == "flashinfer" else None
+            worker, _drafts = case.make_worker(None, startup, built)
+            worker._init_ragged()
+            before = len(built)
+            worker._prepare_shorter_widths()
+            if backend == "flashinfer":
+                assert len(built) == before and worker._verify_backends is None
+                continue
+            assert len(built) == before + MAX_WIDTH - 2  # widths 2 .. W-1
+            for width in range(2, MAX_WIDTH):
+                assert worker._verify_backends.backend(width).speculative_num_draft_tokens == width
+            assert len(built) == before + MAX_WIDTH - 2 and worker._shorter_steps
+
+            def refuses(runner):
+                raise RuntimeError("no FA3 here")
+
+            worker, _drafts = case.make_worker(
+                refuses,
+                lambda r: type(
+                    "FlashAttentionBackend", (), {"speculative_num_draft_tokens": MAX_WIDTH}
+                )(),
+            )
+            worker._init_ragged()
+            worker._prepare_shorter_widths()
+            assert not worker._shorter_steps  # ragged steps at the whole width instead
+        finally:
+            case.close()

@@ -26,8 +26,8 @@ cumulative key lengths follow. The committed part (KV lengths, page table) is un
 Eager only: FA3's verify graphs with trees are captured for ``bs x W`` tokens, and the
 host's graph runner sends a compact NGRAM-shaped batch eager (its ``is_ngram_supported``
 check). Not with sliding-window layers (their verify metadata is built per token and the
-prefix pass runs uncascaded there) or chunked local attention (``fa3_tree_ragged_problem``
-keeps those padded). Page size 1: the server-args hook refuses tree drafts on FA3 above it.
+prefix pass runs uncascaded there) or chunked local attention
+(``ragged_backends.fa3_tree_ragged_problem`` keeps those padded). Page size 1: the server-args hook refuses tree drafts on FA3 above it.
 
 No host sync: the lengths are host values; the row indices and query offsets go to the
 device in one non-blocking copy, and the expand pass's key offsets are a device cumsum.
@@ -47,15 +47,6 @@ from sglang_spec_ext.sglang.verify.ragged_backends import LENS_ATTR, to_device
 METADATA_TARGET = (
     "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend.init_forward_metadata"
 )
-
-
-def fa3_tree_ragged_problem(backend: Any) -> str | None:
-    """Why the FA3 ``backend`` keeps a padded tree verify (None: ragged runs)."""
-    if getattr(backend, "has_swa", False) or getattr(backend, "use_sliding_window_kv_pool", False):
-        return "the FA3 backend's sliding-window layers verify a uniform width per request"
-    if getattr(backend, "local_attn_builder", None) is not None:
-        return "the FA3 backend's chunked local attention verifies a uniform width"
-    return None
 
 
 def kept_rows(lens: np.ndarray, width: int) -> np.ndarray:

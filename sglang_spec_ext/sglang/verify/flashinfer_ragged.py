@@ -20,7 +20,7 @@ forward writes), packed by the host's own translator, and the mask cut to each r
 FULL_MASK layout). Trees and chains; eager only (the verify graphs are captured for
 ``bs x W`` tokens and the host's runner sends a compact batch eager: its NGRAM check for
 SUFFIX, its width check for HYBRID's wide steps). Not with sliding-window layers
-(``flashinfer_ragged_problem``).
+(``ragged_backends.flashinfer_ragged_problem``).
 
 No host sync added: lengths and committed lengths are host values (the batch's
 ``seq_lens_cpu``, carried on the verify input as ``ragged_seq_lens_cpu``), the offsets go
@@ -45,17 +45,6 @@ PREFILL_ARGS_TARGETS = (
     "sglang.srt.speculative.ngram_info.NgramVerifyInput.generate_attn_arg_prefill",
     "sglang.srt.speculative.eagle_info.EagleVerifyInput.generate_attn_arg_prefill",
 )
-
-
-def flashinfer_ragged_problem(backend: Any) -> str | None:
-    """Why the flashinfer ``backend`` keeps a padded verify (None: ragged runs)."""
-    if getattr(backend, "use_sliding_window_kv_pool", False):
-        return "the flashinfer backend's sliding-window layers plan a uniform verify"
-    updater = getattr(backend, "indices_updater_prefill", None)
-    window = getattr(updater, "sliding_window_size", None)
-    if window is not None and window > 0:
-        return "the flashinfer backend's sliding-window layers plan a uniform verify"
-    return None
 
 
 def verify_prefill_args_hook(original: Callable[..., Any], verify_input: Any, **kw: Any) -> Any:

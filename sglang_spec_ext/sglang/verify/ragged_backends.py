@@ -94,14 +94,32 @@ def triton_ragged_problem(backend: Any) -> str | None:
     return None
 
 
+def fa3_tree_ragged_problem(backend: Any) -> str | None:
+    """Why the FA3 ``backend`` keeps a padded tree verify (None: ragged runs)."""
+    if getattr(backend, "has_swa", False) or getattr(backend, "use_sliding_window_kv_pool", False):
+        return "the FA3 backend's sliding-window layers verify a uniform width per request"
+    if getattr(backend, "local_attn_builder", None) is not None:
+        return "the FA3 backend's chunked local attention verifies a uniform width"
+    return None
+
+
+def flashinfer_ragged_problem(backend: Any) -> str | None:
+    """Why the flashinfer ``backend`` keeps a padded verify (None: ragged runs)."""
+    if getattr(backend, "use_sliding_window_kv_pool", False):
+        return "the flashinfer backend's sliding-window layers plan a uniform verify"
+    updater = getattr(backend, "indices_updater_prefill", None)
+    window = getattr(updater, "sliding_window_size", None)
+    if window is not None and window > 0:
+        return "the flashinfer backend's sliding-window layers plan a uniform verify"
+    return None
+
+
 def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, str | None]:
     """The route of a target whose drafts are chains (``chains``) or trees: ``(route,
     None)``, or ``(None, why the verify stays padded)``."""
     backend = getattr(model_runner, "attn_backend", None)
     name = type(backend).__name__
     if name == FLASHINFER_BACKEND:
-        from sglang_spec_ext.sglang.verify.flashinfer_ragged import flashinfer_ragged_problem
-
         problem = flashinfer_ragged_problem(backend)
         if problem is not None:
             return None, f"{problem}; verify stays padded to the batch's width"
@@ -117,8 +135,6 @@ def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, s
         if chains:
             return RaggedRoute(name, host_layout=True), None
         if name == FA3_BACKEND:
-            from sglang_spec_ext.sglang.verify.fa3_ragged import fa3_tree_ragged_problem
-
             problem = fa3_tree_ragged_problem(backend)
             if problem is None:
                 return RaggedRoute(name, host_layout=False), None

@@ -113,7 +113,7 @@ class VerifyWidthBackends:
             self.backend(width)
         if not self.shared and len(widths) > 1:
             logger.info(
-                "SUFFIX adaptive: %s sizes its verify metadata at start-up; built one "
+                "SUFFIX: %s sizes its verify metadata at start-up; built one "
                 "target attention backend per verify width %s. Width %d keeps the "
                 "CUDA graphs, the others run eagerly.",
                 type(self.startup_backend).__name__,

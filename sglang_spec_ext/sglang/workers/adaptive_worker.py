@@ -99,6 +99,8 @@ class AdaptiveSuffixWorker(SuffixWorker):
         self._pending: tuple | None = None  # (bs, k, accept_lens, rids, t_start)
         self._widths_used: Counter[int] = Counter()
 
+    PREPARES_EVERY_WIDTH = True  # (suffix_ragged._prepare_shorter_widths)
+
     def init_cuda_graphs(self) -> None:
         """After the target's graphs (the scheduler's order): a verify backend per width."""
         super().init_cuda_graphs()

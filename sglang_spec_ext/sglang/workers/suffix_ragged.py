@@ -16,6 +16,11 @@ from typing import Any
 from sglang_spec_ext.sglang.verify.ragged import RaggedVerify, draft_lens
 from sglang_spec_ext.sglang.verify.ragged_backends import ragged_route
 from sglang_spec_ext.sglang.verify.ragged_graphs import compact_runner
+from sglang_spec_ext.sglang.verify.widths import (
+    VerifyWidthBackendError,
+    VerifyWidthBackends,
+    reads_width_from_spec_info,
+)
 from sglang_spec_ext.suffix.draft import DraftTree
 
 logger = logging.getLogger("sglang_spec_ext")
@@ -28,6 +33,8 @@ class RaggedStepsMixin:
     _ragged: RaggedVerify | None
     _ragged_resolved: bool
     _step_drafts: int
+    _shorter_steps: bool
+    _verify_backends: VerifyWidthBackends | None
     draft_token_num: int
     max_width: int
 
@@ -64,6 +71,31 @@ class RaggedStepsMixin:
         self._ragged.route = route
         logger.info("SUFFIX: verify ragged: each request's target verify covers its own draft "
                     "(%s; %s)", route.describe(), how)  # fmt: skip
+
+    #: adaptive SUFFIX builds a verify backend for every width itself (its init_cuda_graphs)
+    PREPARES_EVERY_WIDTH = False
+
+    def _prepare_shorter_widths(self) -> None:
+        """A ragged step no request of which needs the whole width verifies at the batch's
+        longest draft (:meth:`_shorter_step`). Where the target's attention backend sizes
+        its verify metadata at construction (FA3 / FA4: ``verify/widths.py``) that takes a
+        backend per width: built here, at start-up, not inside a decode step; where one
+        cannot be built, ragged steps verify at the whole width instead (still ragged)."""
+        if self._ragged is None or self.PREPARES_EVERY_WIDTH or self.max_width <= 2:
+            return
+        runner = getattr(self, "model_runner", None)
+        backend = getattr(runner, "attn_backend", None)
+        if backend is None or reads_width_from_spec_info(backend):
+            return
+        backends = self._verify_backends or VerifyWidthBackends(runner, self.max_width)
+        try:
+            backends.prepare(range(2, self.max_width))
+        except VerifyWidthBackendError as exc:
+            self._shorter_steps = False
+            logger.warning("SUFFIX: ragged steps verify at the full width %d (no verify "
+                           "backend per shorter width: %s)", self.max_width, exc)  # fmt: skip
+            return
+        self._verify_backends = backends
 
     def _eager_policy(self) -> str:
         """Where ragged steps run eagerly: on a GPU with verify graphs, only at batches the

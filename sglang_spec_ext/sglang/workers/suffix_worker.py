@@ -169,6 +169,8 @@ class SuffixWorker(
         self._staged: tuple[np.ndarray, np.ndarray] | None = None
         self._ragged: RaggedVerify | None = None  # set by __init__ (_init_ragged)
         self._ragged_resolved = False
+        # ragged steps verified at their longest draft (suffix_ragged._shorter_step)
+        self._shorter_steps = True
         self._config = config  # the bounds the metrics report
         # grammar-aware drafts for structured-output requests (suffix_grammar.py)
         tokenizer_path = served_tokenizer_path(getattr(self, "server_args", None))
@@ -217,7 +219,7 @@ class SuffixWorker(
                 longest = int(
                     self._ragged.pending_lens(len(batch.reqs), self.draft_token_num).max()
                 )
-                if 1 < longest < self.draft_token_num:
+                if 1 < longest < self.draft_token_num and self._shorter_steps:
                     return self._shorter_step(batch, longest, on_publish, pp_proxy_tensors)
         return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
 
@@ -230,11 +232,12 @@ class SuffixWorker(
         kernel launches cost more than a replay on a GPU at small batch sizes."""
         super().init_cuda_graphs()
         self._resolve_ragged()
+        self._prepare_shorter_widths()
         if not (self.NARROW_EMPTY_STEPS and self._plain_steps and self.max_width > 1):
             return
         if getattr(self.model_runner, "decode_cuda_graph_runner", None) is None:
             return  # eager serving: such steps run as plain decode steps
-        backends = VerifyWidthBackends(self.model_runner, self.max_width)
+        backends = self._verify_backends or VerifyWidthBackends(self.model_runner, self.max_width)
         try:
             backends.prepare_graphs((1,))
         except Exception as exc:  # an optimisation: serve without it, say so
