@@ -264,6 +264,33 @@ def test_batches_a_verify_graph_holds_stay_padded_where_ragged_would_run_eagerly
     assert stats["ragged_verify_steps"] == 1 and stats["graph_kept_verify_steps"] == 1
 
 
+def test_a_step_that_keeps_its_graph_verifies_at_a_width_a_graph_holds():
+    """Under RAGGED_EAGER=auto on a GPU, a batch the verify graphs hold stays padded so
+    its graph replays; verifying it at its longest draft instead would run eagerly (no
+    graph at that width) and still padded. So it verifies at the startup width, unless
+    the narrower width has graphs of its own (adaptive SUFFIX's per-width graphs)."""
+    from sglang_spec_ext.sglang.workers.suffix_ragged import RaggedStepsMixin
+
+    class Backends:
+        def __init__(self, graphs: dict) -> None:
+            self.graphs = graphs
+
+        def graph_runner(self, width):
+            return self.graphs.get(width)
+
+    ragged = RaggedVerify()
+    worker = SimpleNamespace(_shorter_steps=True, _ragged=ragged, _verify_backends=None)
+    fits = RaggedStepsMixin._shorter_fits
+    assert fits(worker, 4, 5)  # no graph limit: the narrower verify (ragged, eager)
+    ragged.graph_bs_limit = 8
+    assert not fits(worker, 4, 5)  # the batch keeps its startup-width graph
+    assert fits(worker, 9, 5)  # past the graphs: eager either way
+    worker._verify_backends = Backends({5: SimpleNamespace(max_bs=8)})
+    assert fits(worker, 4, 5) and not fits(worker, 4, 6)  # width 5 has graphs holding 4
+    worker._shorter_steps = False  # no backend per shorter width (FA3 could not build one)
+    assert not fits(worker, 9, 5)
+
+
 @pytest.mark.parametrize(
     ("device", "graphs", "policy", "limit"),
     [

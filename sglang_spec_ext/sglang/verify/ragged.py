@@ -122,6 +122,11 @@ class RaggedVerify:
         #: their verify graph replays (a ragged step would run eagerly); None: no limit.
         self.graph_bs_limit: int | None = None
 
+    def keeps_graph(self, bs: int) -> bool:
+        """Whether a step of ``bs`` requests verifies padded so its verify graph replays
+        (``graph_bs_limit``: a GPU without token-bucket graphs, ``RAGGED_EAGER=auto``)."""
+        return self.graph_bs_limit is not None and bs <= self.graph_bs_limit
+
     def set_lens(self, lens: np.ndarray | None) -> None:
         """This step's verify lengths (root included, 1..W per request) or None."""
         self._lens = None if lens is None else np.asarray(lens, dtype=np.int64)
@@ -147,7 +152,7 @@ class RaggedVerify:
         if lens.min() < 1 or lens.max() > width:
             raise ValueError(f"ragged verify lengths {lens.tolist()} outside 1..{width}")
         ragged = bool((lens < width).any())
-        if ragged and self.graph_bs_limit is not None and bs <= self.graph_bs_limit:
+        if ragged and self.keeps_graph(bs):
             ragged = False  # the padded verify replays a graph; the ragged one would not
             self.stats.graph_kept_steps += 1
         self.stats.count(lens, width, ragged, self.padded_width or width)

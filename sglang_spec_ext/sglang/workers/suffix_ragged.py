@@ -97,6 +97,21 @@ class RaggedStepsMixin:
             return
         self._verify_backends = backends
 
+    def _shorter_fits(self, bs: int, width: int) -> bool:
+        """Whether a step of ``bs`` requests whose longest draft is ``width`` verifies at
+        that width (:meth:`_shorter_step`). Not where the step keeps its padded graph
+        replay (``RaggedVerify.keeps_graph``) and ``width`` has no verify graph holding it:
+        there the narrower verify would run eagerly and still padded, so it verifies at the
+        startup width on its graph (adaptive SUFFIX's per-width graphs do hold it)."""
+        if not self._shorter_steps:
+            return False
+        if self._ragged is None or not self._ragged.keeps_graph(bs):
+            return True
+        runner = (
+            None if self._verify_backends is None else self._verify_backends.graph_runner(width)
+        )
+        return runner is not None and bs <= int(getattr(runner, "max_bs", 0))
+
     def _eager_policy(self) -> str:
         """Where ragged steps run eagerly: on a GPU with verify graphs, only at batches the
         graphs do not hold (``SGLANG_SPEC_EXT_RAGGED_EAGER=auto``), so no step trades a graph

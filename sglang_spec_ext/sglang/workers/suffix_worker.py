@@ -219,7 +219,9 @@ class SuffixWorker(
                 longest = int(
                     self._ragged.pending_lens(len(batch.reqs), self.draft_token_num).max()
                 )
-                if 1 < longest < self.draft_token_num and self._shorter_steps:
+                if 1 < longest < self.draft_token_num and self._shorter_fits(
+                    len(batch.reqs), longest
+                ):
                     return self._shorter_step(batch, longest, on_publish, pp_proxy_tensors)
         return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
 
