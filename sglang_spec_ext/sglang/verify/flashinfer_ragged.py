@@ -70,9 +70,8 @@ def verify_prefill_args_hook(original: Callable[..., Any], verify_input: Any, **
     dev = to_device(torch.from_numpy(host), req_pool_indices.device)
     qo_indptr, kv_indptr = dev[: bs + 1], dev[bs + 1 : 2 * bs + 2]
     kv_lens = dev[2 * bs + 2 :]
-    kv_indices = torch.empty(
-        int(seq_np.sum()) + total, dtype=torch.int32, device=req_pool_indices.device
-    )
+    kv_total = int(seq_np.sum()) + total
+    kv_indices = torch.empty(kv_total, dtype=torch.int32, device=req_pool_indices.device)
     kw["translator"].pack_read_stream(
         kw["plan"],
         req_pool_indices=req_pool_indices,
@@ -80,6 +79,9 @@ def verify_prefill_args_hook(original: Callable[..., Any], verify_input: Any, **
         indptr=kv_indptr,
         out=kv_indices,
         kind=kw["kind"] if "kind" in kw else _full_kind(),
+        # the gather tiled as the host's EAGLE verify tiles it, sized by a host int
+        num_token_blocks=None,
+        kv_lens_sum=kv_total,
     )
     custom_mask, _ = ragged_full_mask(verify_input.custom_mask, seq_np, lens_np, width)
     verify_input.qo_indptr = qo_indptr
