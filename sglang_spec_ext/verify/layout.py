@@ -91,6 +91,20 @@ def retrieve_links(parents: Sequence[int], width: int) -> tuple[np.ndarray, np.n
     return next_token, next_sibling
 
 
+def index_within(lens: Sequence[int] | np.ndarray) -> np.ndarray:
+    """For rows laid out request after request (``lens[b]`` rows of request ``b``), each
+    row's index within its request: ``[0 .. lens[0]-1, 0 .. lens[1]-1, ...]``."""
+    lens = np.asarray(lens, dtype=np.int64)
+    return np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+
+
+def kept_rows(lens: Sequence[int] | np.ndarray, width: int) -> np.ndarray:
+    """Indices into ``len(lens) x width`` padded rows of each request's first ``lens[b]``
+    (a ragged verify's rows in the padded layout)."""
+    lens = np.asarray(lens, dtype=np.int64)
+    return np.repeat(np.arange(lens.size, dtype=np.int64) * width, lens) + index_within(lens)
+
+
 def pack_batch(
     trees: Sequence[_Tree], root_tokens: Sequence[int], width: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +140,7 @@ def pack_batch(
         chain.from_iterable(t.tokens for t in trees), dtype=np.int64, count=total
     )
     rows = np.repeat(np.arange(bs), lens)
-    cols = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)  # index within its tree
+    cols = index_within(lens)  # index within its tree
     bad = (flat_par < -1) | (flat_par >= cols)
     if bad.any():
         k = int(np.argmax(bad))

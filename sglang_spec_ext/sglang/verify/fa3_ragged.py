@@ -42,19 +42,12 @@ import numpy as np
 import torch
 
 from sglang_spec_ext.sglang.verify.ragged_backends import LENS_ATTR, to_device
+from sglang_spec_ext.verify.layout import kept_rows
 
 #: The host method the hook wraps.
 METADATA_TARGET = (
     "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend.init_forward_metadata"
 )
-
-
-def kept_rows(lens: np.ndarray, width: int) -> np.ndarray:
-    """Indices into ``len(lens) x width`` padded rows of each request's first ``lens[b]``."""
-    lens = np.asarray(lens, dtype=np.int64)
-    starts = np.arange(lens.size, dtype=np.int64) * width
-    within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-    return np.repeat(starts, lens) + within
 
 
 def cut_tree_metadata(backend: Any, lens: list[int] | np.ndarray) -> None:

@@ -55,6 +55,7 @@ from sglang_spec_ext.sglang.verify.ragged_backends import (
     drop_lens,
 )
 from sglang_spec_ext.sglang.verify.ragged_graphs import bucket_layout
+from sglang_spec_ext.verify.layout import kept_rows
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -179,10 +180,7 @@ def compact_plan(spec_info: Any, lens: np.ndarray, width: int) -> RaggedPlan:
     last = rows * width + lens[rows] - 1  # each padded request's last real node
     links = spec_info.retrieve_next_token.view(-1)
     links[torch.from_numpy(last).to(device, non_blocking=True)] = -1
-    starts = np.arange(len(lens), dtype=np.int64) * width
-    keep = np.repeat(starts, lens) + (
-        np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-    )
+    keep = kept_rows(lens, width)
     return RaggedPlan(
         lens=lens.tolist(), width=width, keep=torch.from_numpy(keep).to(device, non_blocking=True)
     )

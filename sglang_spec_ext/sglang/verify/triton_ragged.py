@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from sglang_spec_ext.sglang.verify.ragged_backends import LENS_ATTR, to_device
+from sglang_spec_ext.verify.layout import index_within
 
 #: The host method the hook wraps.
 METADATA_TARGET = (
@@ -52,7 +53,7 @@ def ragged_full_mask_plan(
     lens = np.asarray(lens, dtype=np.int64)
     padded_start = np.concatenate([[0], np.cumsum(width * (seq_lens + width))[:-1]])
     indptr = np.concatenate([[0], np.cumsum(lens * (seq_lens + lens))])
-    row = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+    row = index_within(lens)
     src = np.repeat(padded_start, lens) + row * np.repeat(seq_lens + width, lens)
     dst = np.repeat(indptr[:-1], lens) + row * np.repeat(seq_lens + lens, lens)
     return src - dst, np.repeat(seq_lens + lens, lens), indptr

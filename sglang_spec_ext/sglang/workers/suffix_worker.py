@@ -169,8 +169,7 @@ class SuffixWorker(
         self._staged: tuple[np.ndarray, np.ndarray] | None = None
         self._ragged: RaggedVerify | None = None  # set by __init__ (_init_ragged)
         self._ragged_resolved = False
-        # ragged steps verified at their longest draft (suffix_ragged._shorter_step)
-        self._shorter_steps = True
+        self._shorter_steps = True  # ragged steps at their longest draft (suffix_ragged.py)
         self._config = config  # the bounds the metrics report
         # grammar-aware drafts for structured-output requests (suffix_grammar.py)
         tokenizer_path = served_tokenizer_path(getattr(self, "server_args", None))
