@@ -27,7 +27,8 @@ Eager only: FA3's verify graphs with trees are captured for ``bs x W`` tokens, a
 host's graph runner sends a compact NGRAM-shaped batch eager (its ``is_ngram_supported``
 check). Not with sliding-window layers (their verify metadata is built per token and the
 prefix pass runs uncascaded there) or chunked local attention
-(``ragged_backends.fa3_tree_ragged_problem`` keeps those padded). Page size 1: the server-args hook refuses tree drafts on FA3 above it.
+(``ragged_backends.fa3_tree_ragged_problem`` keeps those padded). Page size 1: the
+server-args hook refuses tree drafts on FA3 above it.
 
 No host sync: the lengths are host values; the row indices and query offsets go to the
 device in one non-blocking copy, and the expand pass's key offsets are a device cumsum.

@@ -22,9 +22,10 @@ the ``L_i``; there are two routes, chosen per worker at start-up (:func:`ragged_
   means chains: a draft tree's siblings would see each other, so this route serves
   chain drafts only (SUFFIX with ``SGLANG_SPEC_EXT_USE_TREE=0``, which resolves
   ``--speculative-eagle-topk 1``; HYBRID's suffix rows, chains on these backends at topk
-  1); trees take the tree route on FA3 and stay padded on trtllm_mha. For chain drafts the CPU engine takes this route too, with an attention of FA3's
-  semantics on the geometry the host builds (``cpu/causal_ragged_attention.py``), so the
-  test bed runs the very contract the GPU backends read.
+  1); trees take the tree route on FA3 and stay padded on trtllm_mha. For chain drafts
+  the CPU engine takes this route too, with an attention of FA3's semantics on the
+  geometry the host builds (``cpu/causal_ragged_attention.py``), so the test bed runs the
+  very contract the GPU backends read.
 
 * flashinfer: its eager target verify ignores a layout and its graphs refuse one, but the
   prefill it plans is ragged; the verify input (SUFFIX's NGRAM one, HYBRID's EAGLE one)
@@ -105,13 +106,19 @@ def fa3_tree_ragged_problem(backend: Any) -> str | None:
 
 def flashinfer_ragged_problem(backend: Any) -> str | None:
     """Why the flashinfer ``backend`` keeps a padded verify (None: ragged runs)."""
-    if getattr(backend, "use_sliding_window_kv_pool", False):
-        return "the flashinfer backend's sliding-window layers plan a uniform verify"
-    updater = getattr(backend, "indices_updater_prefill", None)
-    window = getattr(updater, "sliding_window_size", None)
-    if window is not None and window > 0:
+    window = getattr(getattr(backend, "indices_updater_prefill", None), "sliding_window_size", None)
+    if getattr(backend, "use_sliding_window_kv_pool", False) or (window is not None and window > 0):
         return "the flashinfer backend's sliding-window layers plan a uniform verify"
     return None
+
+
+#: Host backends on the tree route whose verify metadata the plugin cuts to the lengths,
+#: each with why it keeps a padded verify: triton and flashinfer (trees and chains); FA3's
+#: trees (its chains read the host layout).
+_CUT_PROBLEMS = {
+    "TritonAttnBackend": triton_ragged_problem,
+    FLASHINFER_BACKEND: flashinfer_ragged_problem,
+}
 
 
 def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, str | None]:
@@ -119,13 +126,10 @@ def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, s
     None)``, or ``(None, why the verify stays padded)``."""
     backend = getattr(model_runner, "attn_backend", None)
     name = type(backend).__name__
-    if name == FLASHINFER_BACKEND:
-        problem = flashinfer_ragged_problem(backend)
-        if problem is not None:
-            return None, f"{problem}; verify stays padded to the batch's width"
-        return RaggedRoute(name, host_layout=False), None
-    if name == "TritonAttnBackend":
-        problem = triton_ragged_problem(backend)
+    check = fa3_tree_ragged_problem if name == FA3_BACKEND and not chains else None
+    check = check or _CUT_PROBLEMS.get(name)
+    if check is not None:
+        problem = check(backend)
         if problem is not None:
             return None, f"{problem}; verify stays padded to the batch's width"
         return RaggedRoute(name, host_layout=False), None
@@ -134,11 +138,6 @@ def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, s
     if name in HOST_LAYOUT_BACKENDS:
         if chains:
             return RaggedRoute(name, host_layout=True), None
-        if name == FA3_BACKEND:
-            problem = fa3_tree_ragged_problem(backend)
-            if problem is None:
-                return RaggedRoute(name, host_layout=False), None
-            return None, f"{problem}; verify stays padded to the batch's width"
         return None, (
             f"the {name} attention backend verifies a ragged layout causally (chain "
             "drafts only) and these drafts are trees; set SGLANG_SPEC_EXT_USE_TREE=0 to "
