@@ -26,13 +26,14 @@ and sampling verify, the KV moves, the overlap relay. What changes, per verify s
 Which attention backend can run a ragged target verify, and for which drafts
 (``ragged_backends.py``): the CPU engine's ``torch_native`` with the plugin's verify
 attention, the host's triton (its verify metadata cut to the lengths,
-``triton_ragged.py``) and flashinfer (SUFFIX's prefill plan cut to them,
+``triton_ragged.py``) and flashinfer (the verify input's prefill plan cut to them,
 ``flashinfer_ragged.py``), trees and chains; FA3 with trees (its two-pass tree-verify
 metadata cut, ``fa3_ragged.py``); the host's FA3 and trtllm_mha through the host's own
-layout, causal, so chain drafts only (``SGLANG_SPEC_EXT_USE_TREE=0``). Under CUDA graphs the target's verify graphs are keyed by total
-verify tokens where the backend has a ragged verify in graphs (``ragged_graphs.py``): the
-compact forward is padded to its token bucket and carries the host's layout; elsewhere a
-ragged step runs the target forward eagerly (graphs captured for ``bs * W`` tokens).
+layout, causal, so chain drafts only (``SGLANG_SPEC_EXT_USE_TREE=0``). Under CUDA graphs
+the target's verify graphs are keyed by total verify tokens where the backend has a ragged
+verify in graphs (``ragged_graphs.py``): the compact forward is padded to its token bucket
+and carries the host's layout; elsewhere a ragged step runs the target forward eagerly
+(graphs captured for ``bs * W`` tokens).
 
 No host sync: the lengths are host values (the drafts are built on the host), the
 indices are copied to the device once per step, non-blocking.
@@ -53,6 +54,7 @@ from sglang_spec_ext.sglang.verify.ragged_backends import (
     RaggedRoute,
     carry_lens,
     drop_lens,
+    to_device,
 )
 from sglang_spec_ext.sglang.verify.ragged_graphs import bucket_layout
 from sglang_spec_ext.verify.layout import kept_rows
@@ -178,12 +180,10 @@ def compact_plan(spec_info: Any, lens: np.ndarray, width: int) -> RaggedPlan:
     device = spec_info.retrieve_next_token.device
     rows = np.nonzero(lens < width)[0]
     last = rows * width + lens[rows] - 1  # each padded request's last real node
-    links = spec_info.retrieve_next_token.view(-1)
-    links[torch.from_numpy(last).to(device, non_blocking=True)] = -1
-    keep = kept_rows(lens, width)
-    return RaggedPlan(
-        lens=lens.tolist(), width=width, keep=torch.from_numpy(keep).to(device, non_blocking=True)
-    )
+    # both index arrays in one copy (pinned on a GPU: ragged_backends.to_device)
+    dev = to_device(torch.from_numpy(np.concatenate([last, kept_rows(lens, width)])), device)
+    spec_info.retrieve_next_token.view(-1)[dev[: last.size]] = -1
+    return RaggedPlan(lens=lens.tolist(), width=width, keep=dev[last.size :])
 
 
 class RaggedTarget:
