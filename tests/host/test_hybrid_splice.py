@@ -125,7 +125,7 @@ def test_wide_input_holds_every_row_at_the_wider_width(mode):
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
     from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
-    from sglang_spec_ext.sglang.workers.hybrid_wide import build_wide_input
+    from sglang_spec_ext.sglang.verify.wide_input import build_wide_input
 
     bs, n, wide = 2, 5, 9
     host, seq_lens = _host_tree_batch(bs, 2, 3, n, ops.QLEN_ONLY, seed=11)

@@ -94,8 +94,9 @@ def resolved_verify_width(width: int) -> Iterator[None]:
 class VerifyWidthBackends:
     """One target attention backend per verify width, swapped into the model runner."""
 
-    def __init__(self, model_runner: Any, startup_width: int) -> None:
+    def __init__(self, model_runner: Any, startup_width: int, label: str = "SUFFIX") -> None:
         self.model_runner = model_runner
+        self.label = label  # the algorithm the log lines name
         self.startup_width = startup_width
         self.startup_backend = model_runner.attn_backend
         #: True when the startup backend serves every width.
@@ -113,9 +114,10 @@ class VerifyWidthBackends:
             self.backend(width)
         if not self.shared and len(widths) > 1:
             logger.info(
-                "SUFFIX: %s sizes its verify metadata at start-up; built one "
+                "%s: %s sizes its verify metadata at start-up; built one "
                 "target attention backend per verify width %s. Width %d keeps the "
                 "CUDA graphs, the others run eagerly.",
+                self.label,
                 type(self.startup_backend).__name__,
                 widths,
                 self.startup_width,

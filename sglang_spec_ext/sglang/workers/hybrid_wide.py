@@ -18,7 +18,11 @@ What makes it safe:
   KV slots are then assigned from ``seq_lens`` for ``W_s`` tokens as for any EAGLE verify;
 * attention: wide steps run where the target's backend sizes its verify metadata from
   the batch's ``spec_info`` (``verify/widths.py``: flashinfer, triton, the CPU engine's
-  torch_native); the verify and draft-extend CUDA graphs refuse a width they were not
+  torch_native), and on FA3 / FA4, which sizes it when built: there the worker builds one
+  target backend per wide width at start-up (the host's factory, as adaptive SUFFIX
+  does) and swaps it in for a wide step's verify (:meth:`WideStepsMixin._widen`); FA3's
+  eager draft extend reads each request's extend length from the batch, so the draft
+  side needs none. The verify and draft-extend CUDA graphs refuse a width they were not
   captured at, so a wide step runs both eagerly (the host's own fallback);
 * exactness: the host verifies the wide input as any EAGLE tree (greedy or sampled);
   padding nodes (token 0, chained below a row's last node) are accepted only where the
@@ -27,7 +31,8 @@ What makes it safe:
   and rows agree.
 
 Not wide (the suffix draft is cut to ``W_m - 1`` nodes as before, one start-up line
-says why): another attention backend, rejection sampling with draft probabilities
+says why): another attention backend (trtllm_mha among them), FA3 where a backend per
+wide width cannot be built, rejection sampling with draft probabilities
 (``--speculative-use-rejection-sampling``), a draft that plans its KV window
 (``kv_loc_plan``), pipeline parallelism, or a suffix width at or below ``W_m``.
 """
@@ -35,12 +40,10 @@ says why): another attention backend, rejection sampling with draft probabilitie
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any
 
 import numpy as np
-import torch
 
 from sglang_spec_ext.hybrid.candidate import MODEL, SUFFIX, Candidate
 from sglang_spec_ext.hybrid.wide import Explorer, TokenCost, WideStats, wide_pays
@@ -50,10 +53,14 @@ from sglang_spec_ext.sglang.verify.ragged import (
     RaggedStats,
     compact_plan,
 )
-from sglang_spec_ext.sglang.verify.ragged_backends import RaggedRoute, ragged_route
-from sglang_spec_ext.sglang.verify.rows import write_trees
-from sglang_spec_ext.sglang.verify.tree_mask import FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING
-from sglang_spec_ext.sglang.verify.widths import backend_name, reads_width_from_spec_info
+from sglang_spec_ext.sglang.verify.ragged_backends import FA3_BACKEND, RaggedRoute, ragged_route
+from sglang_spec_ext.sglang.verify.wide_input import build_wide_input
+from sglang_spec_ext.sglang.verify.widths import (
+    VerifyWidthBackendError,
+    VerifyWidthBackends,
+    backend_name,
+    reads_width_from_spec_info,
+)
 from sglang_spec_ext.suffix.draft import DraftTree
 from sglang_spec_ext.verify.layout import tree_mask
 
@@ -79,10 +86,10 @@ def wide_problem(worker: Any, suffix_width: int, model_width: int) -> str | None
     backend = _target_backend(worker)
     if backend is None:
         return "the target's attention backend is not known when the worker starts"
-    if not reads_width_from_spec_info(backend):
+    if not reads_width_from_spec_info(backend) and type(backend).__name__ != FA3_BACKEND:
         return (
             f"the target's {backend_name(backend)} sizes its verify metadata at start-up "
-            "(use --attention-backend triton or flashinfer)"
+            "(use --attention-backend fa3, triton or flashinfer)"
         )
     from sglang.srt.runtime_context import get_parallel, get_spec
 
@@ -106,62 +113,6 @@ def tree_rows_problem(worker: Any) -> str | None:
     if name in TREE_ROWS_BACKENDS:
         return None
     return f"the target's {name} verifies chains at --speculative-eagle-topk 1"
-
-
-def _new_mask(mode: int, bs: int, width: int, seq_lens_cpu: Any, device: Any) -> torch.Tensor:
-    """A tree mask of ``width`` nodes per request in the host's layout ``mode``, its
-    context-prefix columns set (FULL_MASK) and its draft part left for ``write_trees``."""
-    if mode == QLEN_ONLY:
-        return torch.zeros((bs * width * width,), dtype=torch.bool, device=device)
-    if mode == QLEN_ONLY_BITPACKING:
-        if width > 32:
-            raise ValueError("QLEN_ONLY_BITPACKING holds at most 32 verify tokens")
-        dtype = (torch.uint8, torch.uint16, torch.uint32)[
-            int(math.ceil(math.log2((width + 7) // 8)))
-        ]
-        return torch.zeros((bs * width,), dtype=dtype, device=device)
-    if mode == FULL_MASK:
-        total = int(seq_lens_cpu.sum())  # a host tensor: no device read
-        return torch.ones((total * width + width * width * bs,), dtype=torch.bool, device=device)
-    raise ValueError(f"unknown tree_mask_mode {mode}")
-
-
-def build_wide_input(
-    vi: Any, batch: Any, tokens: np.ndarray, masks: np.ndarray, mask_mode: int
-) -> Any:
-    """The verify input ``vi`` (the model draft's, ``W_m`` wide) rebuilt at the width of
-    ``tokens`` ([bs, W_s], root column ignored) and ``masks`` ([bs, W_s, W_s] ancestor
-    masks): every request's row written, the root (its last committed token) kept."""
-    from sglang.srt.speculative.eagle_info import EagleVerifyInput
-
-    bs, width = tokens.shape
-    device = vi.draft_token.device
-    seq_lens_cpu = getattr(batch, "seq_lens_cpu", None)
-    if seq_lens_cpu is None:
-        seq_lens_cpu = vi.seq_lens_cpu
-    if mask_mode == FULL_MASK and seq_lens_cpu is None:
-        raise ValueError("a FULL_MASK wide verify needs the batch's host sequence lengths")
-    draft = torch.zeros((bs, width), dtype=vi.draft_token.dtype, device=device)
-    draft[:, 0] = vi.draft_token.view(bs, -1)[:, 0]
-    index = torch.arange(bs * width, dtype=vi.retrieve_index.dtype, device=device)
-    links = torch.full((2, bs, width), -1, dtype=vi.retrieve_next_token.dtype, device=device)
-    wide = EagleVerifyInput(
-        draft_token=draft.view(-1),
-        custom_mask=_new_mask(mask_mode, bs, width, seq_lens_cpu, device),
-        positions=torch.zeros((bs * width,), dtype=vi.positions.dtype, device=device),
-        retrieve_index=index.view(bs, width),
-        retrieve_next_token=links[0],
-        retrieve_next_sibling=links[1],
-        retrieve_cum_len=vi.retrieve_cum_len,
-        spec_steps=int(vi.spec_steps),
-        topk=vi.topk,
-        draft_token_num=width,
-        capture_hidden_mode=vi.capture_hidden_mode,
-        seq_lens_sum=vi.seq_lens_sum,
-        seq_lens_cpu=vi.seq_lens_cpu,
-    )
-    write_trees(wide, batch.seq_lens, list(range(bs)), tokens, masks, mask_mode)
-    return wide
 
 
 class PackedRows:
@@ -201,7 +152,10 @@ class WideStepsMixin:
         self._wide_cost = TokenCost(cost_prior)
         self._explorer = Explorer()
         self._wide_stats = WideStats()
-        self._narrowed: tuple[int, int] | None = None  # the widths a wide step replaced
+        #: The widths (worker, draft worker) and target backend a wide step replaced.
+        self._narrowed: tuple[int, int, Any] | None = None
+        #: FA3's target backends per wide width (None: the startup one reads any width).
+        self._wide_backends: VerifyWidthBackends | None = None
         self._step_width = int(self.speculative_num_draft_tokens)
         self._timed: tuple[int, float, int] | None = None  # (bs, start, verify tokens)
 
@@ -216,7 +170,7 @@ class WideStepsMixin:
             return
         self._wide_resolved = True
         model = int(self.speculative_num_draft_tokens)
-        problem = wide_problem(self, self._wide_width, model)
+        problem = wide_problem(self, self._wide_width, model) or self._prepare_backends(model)
         if problem is not None:
             self._wide_width = 0
             logger.info("HYBRID: suffix drafts cut to the model's verify width %d: %s", model,
@@ -239,6 +193,23 @@ class WideStepsMixin:
         if self._wide_width:
             self._resolve_ragged()
         self._suffix = self._suffix_drafter()
+
+    def _prepare_backends(self, model: int) -> str | None:
+        """Where the target's backend sizes its verify metadata when built (FA3 / FA4), one
+        backend per wide width, built now (not inside a decode step); why not (None: built,
+        or not needed)."""
+        runner = self._target_worker.model_runner
+        if reads_width_from_spec_info(runner.attn_backend):
+            return None
+        backends = VerifyWidthBackends(runner, model, label="HYBRID")
+        try:
+            backends.prepare(range(model + 1, self._wide_width + 1))
+        except VerifyWidthBackendError as exc:
+            cause = exc.__cause__ or exc
+            return (f"the target's {type(runner.attn_backend).__name__} could not be built "
+                    f"per wide width ({type(cause).__name__}: {cause})")  # fmt: skip
+        self._wide_backends = backends
+        return None
 
     def _resolve_ragged(self) -> None:
         from sglang_spec_ext.sglang.serving.server_args import plugin_config
@@ -309,12 +280,16 @@ class WideStepsMixin:
         """The step's verify input at the width of ``tokens``; the worker and its draft
         worker at that width until :meth:`_narrow_back`."""
         wide = build_wide_input(vi, batch, tokens, masks, int(self._mask_mode()))
-        draft = self._draft_worker
-        self._narrowed = (int(self.speculative_num_draft_tokens),
-                          int(draft.speculative_num_draft_tokens))  # fmt: skip
+        draft, runner = self._draft_worker, self._target_worker.model_runner
         width = tokens.shape[1]
+        backend = None if self._wide_backends is None else self._wide_backends.backend(width)
+        self._narrowed = (int(self.speculative_num_draft_tokens),
+                          int(draft.speculative_num_draft_tokens),
+                          runner.attn_backend if backend is not None else None)  # fmt: skip
         self.speculative_num_draft_tokens = width
         draft.speculative_num_draft_tokens = width
+        if backend is not None:  # FA3: the target verifies on the backend of this width
+            runner.attn_backend = backend
         return wide
 
     def _narrow_back(self) -> None:
@@ -322,6 +297,8 @@ class WideStepsMixin:
         if narrowed is not None:
             self.speculative_num_draft_tokens = narrowed[0]
             self._draft_worker.speculative_num_draft_tokens = narrowed[1]
+            if narrowed[2] is not None:  # the backend it had (the host may swap its own)
+                self._target_worker.model_runner.attn_backend = narrowed[2]
 
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
