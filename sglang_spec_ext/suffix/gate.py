@@ -54,9 +54,16 @@ MAX_TIER = 12
 #: Ragged verify before the step-cost fit: one step in this many prices draft nodes at
 #: EXPLORE_DISCOUNT of the prior's cost, so that the fit sees verify steps of varied size
 #: even where the prior is pessimistic (the served model's roofline on a CPU charges a
-#: node most of a decode token: a bs-64 step would never verify, and never learn).
+#: node most of a decode token: a bs-64 step would never verify, and never learn). The
+#: same while the fit is starved of verify steps (``VerifyCost.starved``): a fit that
+#: closed the gate would otherwise never see another verify step.
 EXPLORE_EVERY = 4
 EXPLORE_DISCOUNT = 0.25
+#: Padded verify (:meth:`DraftGate.decide`): after this many steps in a row that the gate
+#: closed at a batch-size tier although requests had drafts, one verifies, so the tier's
+#: verify time stays measured (a first verify timed slow would otherwise close the tier
+#: for good: its average moves only with verify steps).
+GATED_EXPLORE_EVERY = 32
 
 
 def score_bin(score: float) -> int:
@@ -132,8 +139,12 @@ class DraftGate:
     )
     _walks: dict[Hashable, _Walk] = field(default_factory=dict, repr=False)
     _times: dict[tuple[int, bool], _Timing] = field(default_factory=dict, repr=False)
+    #: per batch-size tier: drafted steps the gate closed in a row (GATED_EXPLORE_EVERY)
+    _gated_run: dict[int, int] = field(default_factory=dict, repr=False)
     steps_verified: int = 0
     steps_gated: int = 0
+    #: padded steps verified although the gate was closed (GATED_EXPLORE_EVERY)
+    steps_explored: int = 0
     #: Ragged verify (:meth:`trim`): the step-cost fit, and draft nodes drafted / verified.
     cost: VerifyCost | None = None
     #: the served model's analytic step cost (``VerifyCost.roofline``; None: ``cost_prior``)
@@ -142,15 +153,17 @@ class DraftGate:
     _drafts: dict[Hashable, DraftTree] = field(default_factory=dict, repr=False)
     nodes_drafted: int = 0
     nodes_verified: int = 0
-    #: ragged steps with a draft priced by the prior (every EXPLORE_EVERY-th explored)
-    prior_trims: int = 0
+    #: ragged steps with a draft priced by the prior or a starved fit (every
+    #: EXPLORE_EVERY-th explored)
+    explore_trims: int = 0
     #: ragged verify: accepted against expected tokens of the verified drafts
     realised: RealisedRatio = field(default_factory=RealisedRatio)
 
     @property
     def explored(self) -> int:
-        """Prior-priced ragged steps that were explored (:data:`EXPLORE_EVERY`)."""
-        return self.prior_trims // EXPLORE_EVERY
+        """Ragged steps priced by the prior or a starved fit that were explored
+        (:data:`EXPLORE_EVERY`)."""
+        return self.explore_trims // EXPLORE_EVERY
 
     # -- acceptance -----------------------------------------------------------
     def expected(self, tree: DraftTree) -> float:
@@ -240,6 +253,13 @@ class DraftGate:
         expected = [self.expected(t) for t in trees]
         total = sum(expected)
         verify = total > 0 and total > len(trees) * self.extra_cost(len(trees))
+        if total > 0:
+            tier = bs_tier(len(trees))
+            run = 0 if verify else self._gated_run.get(tier, 0) + 1
+            if run >= GATED_EXPLORE_EVERY:
+                verify, run = True, 0
+                self.steps_explored += 1
+            self._gated_run[tier] = run
         for rid, tree in zip(rids, trees, strict=True):
             self._verified.pop(rid, None)
             if not len(tree):
@@ -269,9 +289,9 @@ class DraftGate:
         if self.cost is None:
             self.cost = VerifyCost(self.config.cost_prior, roofline=self.roofline)
         t0, fixed, per_draft = self.cost.step_costs(len(trees), width)
-        if not self.cost.fitted and any(len(t) for t in trees):
-            self.prior_trims += 1
-            if self.prior_trims % EXPLORE_EVERY == 0:
+        if (not self.cost.fitted or self.cost.starved) and any(len(t) for t in trees):
+            self.explore_trims += 1
+            if self.explore_trims % EXPLORE_EVERY == 0:
                 fixed, per_draft = fixed * EXPLORE_DISCOUNT, per_draft * EXPLORE_DISCOUNT
         scale = self.realised.scale if self.config.realised_scale else 1.0
         cut, expected = trim_trees(trees, self.nodes.calibrate, t0, per_draft, fixed, scale)
@@ -316,6 +336,7 @@ class DraftGate:
         return {
             "gate_steps_verified": self.steps_verified,
             "gate_steps_plain": self.steps_gated,
+            "gate_steps_explored": self.steps_explored,
             "gate_extra_cost": {f"bs<={2**t}": round(self.extra_cost(2**t), 3) for t in tiers},
             "gate_walks": len(self._walks),
             **(

@@ -46,6 +46,9 @@ from .draft import ORIGINS, SUFFIX_NODE, DraftTree
 WINDOW = 256
 #: Timed steps before the fit replaces the prior.
 MIN_STEPS = 16
+#: Verify steps the window holds below which the fit counts as starved (:attr:`VerifyCost.
+#: starved`): a fit whose verify steps aged out is kept as it was, however stale.
+MIN_VERIFY_STEPS = 8
 #: Bins of the drafter's own path probability that node acceptance is calibrated in.
 PROB_BINS = 10
 #: Match-length buckets' upper bounds (the last bucket is open), shared with the gate.
@@ -183,6 +186,8 @@ class VerifyCost:
     _dirty: bool = False
     #: steps priced by the prior (before the fit): the cold start's length
     prior_steps: int = 0
+    #: steps in the window that verified draft nodes
+    verify_steps: int = 0
 
     def on_step(self, bs: int, drafts: int, seconds: float) -> None:
         """One decode step of ``bs`` requests that verified ``drafts`` draft nodes (0: a
@@ -190,9 +195,19 @@ class VerifyCost:
         if not (seconds > 0 and np.isfinite(seconds)) or bs < 1:
             return
         self._steps.append((float(bs), float(drafts), float(seconds)))
+        self.verify_steps += drafts > 0
         while len(self._steps) > self.window:
-            self._steps.popleft()
+            self.verify_steps -= self._steps.popleft()[1] > 0
         self._dirty = True
+
+    @property
+    def starved(self) -> bool:
+        """Whether a fit prices the steps on fewer than :data:`MIN_VERIFY_STEPS` verify
+        steps in its window. A fit that calls verify too dear (one slow step early on
+        can) closes the gate, the window then fills with plain steps, and a window
+        without verify steps cannot refit: the stale fit would price every step after
+        it. The gate explores while the fit is starved, as before the fit."""
+        return self.fitted and self.verify_steps < MIN_VERIFY_STEPS
 
     def _refit(self) -> None:
         self._dirty = False
@@ -252,6 +267,7 @@ class VerifyCost:
             },  # fmt: skip
             "lengths_cost_steps": len(self._steps),
             "lengths_prior_steps": self.prior_steps,
+            "lengths_cost_verify_steps": self.verify_steps,
         }
 
 

@@ -140,3 +140,26 @@ def test_a_buckets_evidence_calibrates_its_unseen_cells():
     other = DraftTree(tokens=[1] * 6, parents=list(range(-1, 5)), probs=[0.9] * 6,
                       score=5.4, match_len=20)  # fmt: skip
     assert gate.expected(other) == pytest.approx(5.4)  # another bucket: no evidence yet
+
+
+def test_a_tier_the_gate_closed_verifies_one_step_in_gated_explore_every():
+    """A tier whose verify steps were timed slow stays closed while its drafts stay weak,
+    and its verify time would never be timed again; one drafted step in
+    GATED_EXPLORE_EVERY closed in a row verifies, and once cheaper verify times come in,
+    the gate opens there."""
+    from sglang_spec_ext.suffix.gate import GATED_EXPLORE_EVERY
+
+    gate = DraftGate(GateConfig(min_timings=4))
+    _timed(gate, 4, t_verify=0.4, t_plain=0.1, n=4)  # r = 3
+    rids = list("abcd")
+    weak = DraftTree(tokens=[1, 2], parents=[-1, 0], probs=[0.9, 0.8], score=1.7, match_len=4)
+    decided = [gate.decide(rids, [weak] * 4) for _ in range(2 * GATED_EXPLORE_EVERY)]
+    assert [i for i, v in enumerate(decided) if v] == [
+        GATED_EXPLORE_EVERY - 1,
+        2 * GATED_EXPLORE_EVERY - 1,
+    ]
+    assert gate.steps_explored == 2 == gate.stats()["gate_steps_explored"]
+    assert not gate.decide(rids, [DraftTree()] * 4)  # nothing drafted: no exploration
+    for _ in range(40):  # the explored steps' times: verify costs 20% more than plain
+        gate.on_step_time(4, True, 0.12)
+    assert gate.decide(rids, [weak] * 4)

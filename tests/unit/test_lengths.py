@@ -295,3 +295,34 @@ def test_gate_learns_what_verified_drafts_realise_against_expected():
         other = DraftGate(GateConfig(cost_prior=3.5, realised_scale=scaled))
         other.nodes.calibrate, other.realised = SAME, gate.realised
         assert len(other.trim(["x"], [tree], width=8)[0]) == kept
+
+
+def test_a_fit_that_closed_the_gate_explores_until_its_window_holds_verify_steps():
+    """One slow stretch of verify steps early on (a cold cache, a neighbour's burst)
+    fits verify as dear: the gate closes, the window fills with plain steps, and a window
+    without verify steps cannot refit. While the fit's window holds fewer than
+    MIN_VERIFY_STEPS verify steps the gate explores as before the fit, so the steps'
+    real cost (cheap here) reaches the fit and the gate opens again."""
+    from sglang_spec_ext.suffix.gate import EXPLORE_EVERY
+    from sglang_spec_ext.suffix.lengths import MIN_VERIFY_STEPS, WINDOW
+
+    bs = 16
+    gate = DraftGate(GateConfig())
+    gate.cost = VerifyCost(cost_prior=0.1)
+    for i in range(MIN_STEPS):  # plain steps at 100 ms; verify steps timed at 500 ms
+        d = 0 if i % 2 else 16 + i
+        gate.cost.on_step(bs, d, 0.1 if d == 0 else 0.5)
+    assert gate.cost.fitted and gate.cost.verify_steps == MIN_VERIFY_STEPS
+    assert not gate.cost.starved
+    rids = [f"r{i}" for i in range(bs)]
+    verified = []
+    for _ in range(WINDOW + 64):
+        cut = gate.trim(rids, [_chain([0.7, 0.6, 0.5]) for _ in rids], width=16)
+        d = sum(len(t) for t in cut)
+        verified.append(d > 0)
+        gate.on_step_time(bs, d > 0, 0.1 + (0.002 + 0.0002 * d if d else 0.0), d)
+    aged_out = WINDOW - MIN_STEPS  # steps until the slow verify steps leave the window
+    assert not any(verified[: aged_out - 1]), "the stale fit kept the gate closed until then"
+    assert gate.explored >= 1
+    assert all(verified[-32:]), "the refitted cost opens the gate"
+    assert sum(verified[aged_out : aged_out + MIN_VERIFY_STEPS * EXPLORE_EVERY]) >= 1
