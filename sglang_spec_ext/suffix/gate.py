@@ -37,12 +37,12 @@ from sglang_spec_ext.adaptive.prior import StepCostParams
 
 from .draft import DraftTree
 from .lengths import (
-    NodeCalibration,
     RealisedRatio,
     VerifyCost,
     match_bucket,
     trim_trees,
 )
+from .node_calibration import NodeCalibration
 
 #: Raw-score bins: width in expected tokens, and the number of bins (the last is open).
 SCORE_BIN = 0.5
@@ -149,7 +149,9 @@ class DraftGate:
     cost: VerifyCost | None = None
     #: the served model's analytic step cost (``VerifyCost.roofline``; None: ``cost_prior``)
     roofline: StepCostParams | None = None
-    nodes: NodeCalibration = field(default_factory=NodeCalibration)
+    _nodes: NodeCalibration = field(default_factory=NodeCalibration)
+    #: (draft, committed tokens) pairs not yet labelled in :attr:`nodes` (one batch a step)
+    _labelled: list[tuple[DraftTree, Sequence[int]]] = field(default_factory=list, repr=False)
     _drafts: dict[Hashable, DraftTree] = field(default_factory=dict, repr=False)
     nodes_drafted: int = 0
     nodes_verified: int = 0
@@ -158,6 +160,15 @@ class DraftGate:
     explore_trims: int = 0
     #: ragged verify: accepted against expected tokens of the verified drafts
     realised: RealisedRatio = field(default_factory=RealisedRatio)
+
+    @property
+    def nodes(self) -> NodeCalibration:
+        """Ragged verify's node acceptance, every committed draft labelled in it (the
+        step's drafts are labelled together, at the next read)."""
+        if self._labelled:
+            labelled, self._labelled = self._labelled, []
+            self._nodes.observe_many(labelled)
+        return self._nodes
 
     @property
     def explored(self) -> int:
@@ -198,8 +209,8 @@ class DraftGate:
         if not tokens:
             return
         draft = self._drafts.pop(rid, None)
-        if draft is not None:  # ragged verify: label the whole draft's nodes
-            self.nodes.observe(draft, tokens)
+        if draft is not None:  # ragged verify: label the whole draft's nodes (batched)
+            self._labelled.append((draft, list(tokens)))
         verified = self._verified.pop(rid, None)
         if verified is not None:
             cell, size, raw, whole, expected = verified
@@ -294,7 +305,7 @@ class DraftGate:
             if self.explore_trims % EXPLORE_EVERY == 0:
                 fixed, per_draft = fixed * EXPLORE_DISCOUNT, per_draft * EXPLORE_DISCOUNT
         scale = self.realised.scale if self.config.realised_scale else 1.0
-        cut, expected = trim_trees(trees, self.nodes.calibrate, t0, per_draft, fixed, scale)
+        cut, expected = trim_trees(trees, self.nodes.calibrate_many, t0, per_draft, fixed, scale)
         drafted = verified = 0
         for rid, full, mine, exp in zip(rids, trees, cut, expected, strict=True):
             self._verified.pop(rid, None)

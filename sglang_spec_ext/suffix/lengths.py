@@ -14,7 +14,7 @@ verified node. Tokens per second is maximised by the ``k`` most probable nodes f
 set keeps every chosen node's parent (ties go to the lower index, the parent); a node
 whose parent was not chosen is dropped all the same. ``k = 0`` is a plain step.
 
-:class:`NodeCalibration` turns the drafter's probabilities into acceptance probabilities
+:class:`~.node_calibration.NodeCalibration` turns the drafter's probabilities into acceptance probabilities
 from the tokens requests commit, as a chance given the parent (the drafter's own are far
 too confident on text it has seen once: a single continuation reads as 1).
 
@@ -40,7 +40,7 @@ import numpy as np
 
 from sglang_spec_ext.adaptive.prior import StepCostParams, ragged_step_costs
 
-from .draft import ORIGINS, SUFFIX_NODE, DraftTree
+from .draft import DraftTree
 
 #: Steps the cost fit looks back over.
 WINDOW = 256
@@ -49,8 +49,6 @@ MIN_STEPS = 16
 #: Verify steps the window holds below which the fit counts as starved (:attr:`VerifyCost.
 #: starved`): a fit whose verify steps aged out is kept as it was, however stale.
 MIN_VERIFY_STEPS = 8
-#: Bins of the drafter's own path probability that node acceptance is calibrated in.
-PROB_BINS = 10
 #: Match-length buckets' upper bounds (the last bucket is open), shared with the gate.
 MATCH_EDGES = (1, 2, 3, 5, 8, 12, 16, 24, 32)
 MATCH_BUCKETS = len(MATCH_EDGES) + 1
@@ -61,116 +59,6 @@ def match_bucket(match_len: int) -> int:
         if match_len <= edge:
             return i
     return len(MATCH_EDGES)
-
-
-def conditional_probs(tree: DraftTree) -> np.ndarray:
-    """Each node's drafter probability given its parent (path probability over the
-    parent's; the root's children: their own), in [0, 1]."""
-    n = min(len(tree.tokens), len(tree.parents), len(tree.probs))
-    probs = np.clip(np.asarray(tree.probs[:n], dtype=np.float64), 0.0, 1.0)
-    parents = np.asarray(tree.parents[:n], dtype=np.int64)
-    above = np.where(parents >= 0, probs[np.maximum(parents, 0)], 1.0)
-    return np.where(above > 0, np.minimum(probs / np.maximum(above, 1e-12), 1.0), 0.0)
-
-
-@dataclass
-class NodeCalibration:
-    """The chance a draft node is accepted, learned from what requests commit.
-
-    Learned as the chance a node is accepted *given its parent was* (its conditional:
-    the drafter's own conditional probability, per probability bin and per match-length
-    bucket of its draft), and a node's acceptance is the product along its path. So what
-    the shallow nodes of a long repeated match teach applies to its deep ones, which a
-    cut draft never shows the target. An observation is every node whose parent is on
-    the target's path (or the root) and whose token the committed tokens decide,
-    verified or not (accepted, or would have been; or not). A probability bin's pooled
-    rate (before evidence, what the drafter says) is the prior of its match-length cells
-    (``prior_weight`` pseudo-counts each). Nodes a grammar added (forced continuations,
-    alternatives: ``DraftTree.origins``) are learned apart, per origin and probability bin,
-    each cell's prior its own probability: the suffix trees' evidence says nothing of them."""
-
-    prior_weight: float = 2.0
-    seen: np.ndarray = field(default_factory=lambda: np.zeros(PROB_BINS))
-    hits: np.ndarray = field(default_factory=lambda: np.zeros(PROB_BINS))
-    cell_seen: np.ndarray = field(default_factory=lambda: np.zeros((MATCH_BUCKETS, PROB_BINS)))
-    cell_hits: np.ndarray = field(default_factory=lambda: np.zeros((MATCH_BUCKETS, PROB_BINS)))
-    origin_seen: np.ndarray = field(default_factory=lambda: np.zeros((ORIGINS, PROB_BINS)))
-    origin_hits: np.ndarray = field(default_factory=lambda: np.zeros((ORIGINS, PROB_BINS)))
-
-    @staticmethod
-    def _bins(raw: np.ndarray) -> np.ndarray:
-        return np.minimum((np.clip(raw, 0.0, 1.0) * PROB_BINS).astype(np.int64), PROB_BINS - 1)
-
-    def conditional(
-        self, raw: np.ndarray, match_len: int = 0, origins: np.ndarray | None = None
-    ) -> np.ndarray:
-        """Calibrated chance a node is accepted given its parent was, from the drafter's
-        conditional probabilities ``raw`` of a draft matched on ``match_len`` tokens
-        (``origins``: per node, see ``DraftTree.origins``)."""
-        raw = np.clip(np.asarray(raw, dtype=np.float64), 0.0, 1.0)
-        b = self._bins(raw)
-        m = match_bucket(match_len)
-        w = self.prior_weight
-        pooled = (self.hits[b] + w * raw) / (self.seen[b] + w)
-        out = (self.cell_hits[m, b] + w * pooled) / (self.cell_seen[m, b] + w)
-        if origins is not None:
-            other = origins != SUFFIX_NODE
-            if other.any():
-                o, ob = origins[other], b[other]
-                out[other] = (self.origin_hits[o, ob] + w * raw[other]) / (
-                    self.origin_seen[o, ob] + w
-                )
-        return out
-
-    def calibrate(self, tree: DraftTree) -> np.ndarray:
-        """Calibrated acceptance probability of each node of ``tree`` (never above its
-        parent's: a product of conditionals along the path)."""
-        cond = self.conditional(conditional_probs(tree), tree.match_len, _origins(tree))
-        out = np.empty_like(cond)
-        for i, parent in enumerate(tree.parents[: cond.size]):
-            out[i] = cond[i] * (out[parent] if parent >= 0 else 1.0)
-        return out
-
-    def observe(self, tree: DraftTree, committed: Sequence[int]) -> int:
-        """Label ``tree``'s nodes with the tokens its request committed next (the accepted
-        drafts and the bonus token of a verify step; one token of a plain step). Returns
-        the number of nodes labelled (those whose parent is on the target's path)."""
-        cond = conditional_probs(tree)
-        n = cond.size
-        on_path = [False] * n
-        depth = [0] * n
-        raw, label, index = [], [], []
-        for i in range(n):
-            parent = tree.parents[i]
-            depth[i] = 1 if parent < 0 else depth[parent] + 1
-            if (parent >= 0 and not on_path[parent]) or depth[i] > len(committed):
-                continue  # its parent was rejected, or not decided yet
-            on_path[i] = int(committed[depth[i] - 1]) == int(tree.tokens[i])
-            raw.append(cond[i])
-            label.append(on_path[i])
-            index.append(i)
-        if raw:
-            b = self._bins(np.asarray(raw, dtype=np.float64))
-            hit = np.asarray(label, dtype=np.float64)
-            origins = _origins(tree)
-            o = origins[index] if origins is not None else np.zeros(len(raw), dtype=np.int64)
-            mine = o == SUFFIX_NODE
-            np.add.at(self.seen, b[mine], 1.0)
-            np.add.at(self.hits, b[mine], hit[mine])
-            m = match_bucket(tree.match_len)
-            np.add.at(self.cell_seen[m], b[mine], 1.0)
-            np.add.at(self.cell_hits[m], b[mine], hit[mine])
-            np.add.at(self.origin_seen, (o[~mine], b[~mine]), 1.0)
-            np.add.at(self.origin_hits, (o[~mine], b[~mine]), hit[~mine])
-        return len(raw)
-
-    def stats(self) -> dict[str, object]:
-        rate = np.where(self.seen > 0, self.hits / np.maximum(self.seen, 1), np.nan)
-        seen, hits = self.origin_seen.sum(axis=1), self.origin_hits.sum(axis=1)
-        return {"lengths_conditional_acceptance_by_prob_bin": [
-            None if np.isnan(r) else round(float(r), 3) for r in rate],
-            "lengths_grammar_nodes_seen": [int(x) for x in seen[1:]],
-            "lengths_grammar_nodes_accepted": [int(x) for x in hits[1:]]}  # fmt: skip
 
 
 @dataclass
@@ -275,7 +163,7 @@ class VerifyCost:
 class RealisedRatio:
     """Accepted tokens of verified drafts against what the calibration expected of them.
 
-    :class:`NodeCalibration` is calibrated over every labelled node, but a step verifies
+    :class:`~.node_calibration.NodeCalibration` is calibrated over every labelled node, but a step verifies
     the batch's *most* probable ones, and a top-``k`` choice over noisy estimates picks
     those whose estimate erred high (the winner's curse): where nodes are near the cost
     line (a large batch on a CPU, a cold server's thin cells) the verified nodes then
@@ -326,7 +214,7 @@ def best_count(probs: np.ndarray, bs: int, t0: float, b: float, e: float = 0.0) 
 
 def trim_trees(
     trees: Sequence[DraftTree],
-    calibrate: Callable[[DraftTree], np.ndarray],
+    calibrate: Callable[[Sequence[DraftTree]], Sequence[np.ndarray]],
     t0: float,
     b: float,
     e: float = 0.0,
@@ -334,9 +222,9 @@ def trim_trees(
 ) -> tuple[list[DraftTree], list[float]]:
     """Each tree cut to its nodes among the batch's best ``k`` (see the module doc), and
     each cut tree's expected accepted tokens (the calibrated probabilities of its kept
-    nodes, summed). ``calibrate(tree)`` gives each node's acceptance probability, never
-    above its parent's (e.g. :meth:`NodeCalibration.calibrate`); trees without
-    probabilities are left whole. ``scale`` multiplies the probabilities the choice weighs
+    nodes, summed). ``calibrate(trees)`` gives each node's acceptance probability per
+    tree, never above its parent's (e.g. :meth:`~.node_calibration.NodeCalibration.
+    calibrate_many`); trees without probabilities are left whole. ``scale`` multiplies the probabilities the choice weighs
     (capped at 1; the expected sums stay unscaled): what requests realised against what
     was expected of the nodes chosen before (:class:`RealisedRatio`)."""
     bs = len(trees)
@@ -346,10 +234,14 @@ def trim_trees(
         return list(trees), [0.0] * bs
     probs = np.empty(total, dtype=np.float64)
     owner = np.repeat(np.arange(bs), sizes)
+    probable = [
+        i for i, (t, n) in enumerate(zip(trees, sizes, strict=True)) if 0 < n <= len(t.probs)
+    ]
+    calibrated = dict(zip(probable, calibrate([trees[i] for i in probable]), strict=True))
     start = 0
-    for tree, n in zip(trees, sizes, strict=True):
-        if len(tree.probs) >= n:
-            probs[start : start + n] = np.clip(calibrate(tree)[:n], 0.0, 1.0)
+    for i, (tree, n) in enumerate(zip(trees, sizes, strict=True)):
+        if i in calibrated:
+            probs[start : start + n] = np.clip(calibrated[i][:n], 0.0, 1.0)
         else:  # no probabilities: the draft's score spread evenly
             probs[start : start + n] = min(float(tree.score) / max(n, 1), 1.0)
         start += n
@@ -389,11 +281,3 @@ def _subtree(tree: DraftTree, keep: np.ndarray) -> DraftTree:
     score = float(sum(probs)) if probs else 0.0
     return DraftTree(tokens=tokens, parents=parents, probs=probs, score=score,
                      match_len=tree.match_len if tokens else 0, origins=origins)  # fmt: skip
-
-
-def _origins(tree: DraftTree) -> np.ndarray | None:
-    """``tree.origins`` as an array over its probable nodes, None where all are suffix's."""
-    if not tree.origins or not any(tree.origins):
-        return None
-    n = min(len(tree.tokens), len(tree.probs))
-    return np.asarray(tree.origins[:n], dtype=np.int64)

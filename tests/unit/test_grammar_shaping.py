@@ -432,7 +432,8 @@ def test_grammar_nodes_are_calibrated_apart_from_suffix_nodes() -> None:
 
     from sglang_spec_ext.sglang.serving.request_options import cap_tree
     from sglang_spec_ext.suffix.draft import ALTERNATIVE_NODE, FORCED_NODE, SUFFIX_NODE
-    from sglang_spec_ext.suffix.lengths import NodeCalibration, _subtree
+    from sglang_spec_ext.suffix.lengths import _subtree
+    from sglang_spec_ext.suffix.node_calibration import NodeCalibration
 
     cur = BranchingCursor(['{"name": "a"}', '{"name": "b"}'], text='{"name":')
     t = tree([TOK[b"x"], TOK[b' "']], [-1, -1], [0.5, 0.45])

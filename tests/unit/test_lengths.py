@@ -13,14 +13,13 @@ from sglang_spec_ext.suffix.draft import DraftTree
 from sglang_spec_ext.suffix.gate import DraftGate, GateConfig
 from sglang_spec_ext.suffix.lengths import (
     MIN_STEPS,
-    NodeCalibration,
     RealisedRatio,
     VerifyCost,
     _subtree,
     best_count,
-    conditional_probs,
     trim_trees,
 )
+from sglang_spec_ext.suffix.node_calibration import NodeCalibration, conditional_probs
 
 
 def _chain(probs: list[float], match_len: int = 8) -> DraftTree:
@@ -29,7 +28,12 @@ def _chain(probs: list[float], match_len: int = 8) -> DraftTree:
                      probs=probs, score=sum(probs), match_len=match_len)  # fmt: skip
 
 
-SAME = lambda tree: np.asarray(tree.probs)  # noqa: E731 - the drafter's probabilities as they are
+def SAME(trees):  # noqa: N802 - the drafter's probabilities as they are, per tree
+    return [np.asarray(t.probs) for t in trees]
+
+
+def _scaled(s: float):
+    return lambda trees: [np.asarray(t.probs) * s for t in trees]
 
 
 def _throughput(bs: int, chosen: list[float], t0: float, b: float) -> float:
@@ -72,8 +76,8 @@ def test_cheap_verify_keeps_everything_dear_verify_nothing():
 def test_calibration_moves_the_cut():
     trees = [_chain([0.5, 0.4])]
     # Halved, both nodes fall below what the step costs; doubled (capped at 1) both pay.
-    assert len(trim_trees(trees, lambda t: np.asarray(t.probs) * 0.4, t0=1.0, b=0.5)[0][0]) == 0
-    assert len(trim_trees(trees, lambda t: np.asarray(t.probs) * 2.0, t0=1.0, b=0.5)[0][0]) == 2
+    assert len(trim_trees(trees, _scaled(0.4), t0=1.0, b=0.5)[0][0]) == 0
+    assert len(trim_trees(trees, _scaled(2.0), t0=1.0, b=0.5)[0][0]) == 2
 
 
 def test_node_calibration_learns_acceptance_given_the_parent():
@@ -133,9 +137,7 @@ def test_trim_never_keeps_a_node_without_its_parent():
         tree = DraftTree(tokens=list(range(n)), parents=parents, probs=probs,
                          score=sum(probs), match_len=3)  # fmt: skip
         scale = rng.uniform(0.5, 2)
-        cut = trim_trees(
-            [tree], lambda t, s=scale: np.asarray(t.probs) * s, 1.0, rng.uniform(0.01, 0.5)
-        )[0][0]
+        cut = trim_trees([tree], _scaled(scale), 1.0, rng.uniform(0.01, 0.5))[0][0]
         assert all(-1 <= p < i for i, p in enumerate(cut.parents))
         assert len(cut) <= n
 
@@ -277,7 +279,7 @@ def test_realised_ratio_starts_at_one_and_follows_the_evidence_within_bounds():
 
 def test_gate_learns_what_verified_drafts_realise_against_expected():
     gate = DraftGate(GateConfig(cost_prior=0.1))
-    gate.nodes.calibrate = SAME  # a calibration that stays too sure of its nodes
+    gate.nodes.calibrate_many = SAME  # a calibration that stays too sure of its nodes
     for i in range(50):
         rid = f"r{i}"
         cut = gate.trim([rid], [_chain([0.9, 0.9, 0.9, 0.9])], width=8)[0]
@@ -293,7 +295,7 @@ def test_gate_learns_what_verified_drafts_realise_against_expected():
     tree = _chain([0.9, 0.9, 0.9, 0.9])
     for scaled, kept in ((True, 0), (False, 4)):
         other = DraftGate(GateConfig(cost_prior=3.5, realised_scale=scaled))
-        other.nodes.calibrate, other.realised = SAME, gate.realised
+        other.nodes.calibrate_many, other.realised = SAME, gate.realised
         assert len(other.trim(["x"], [tree], width=8)[0]) == kept
 
 
@@ -326,3 +328,73 @@ def test_a_fit_that_closed_the_gate_explores_until_its_window_holds_verify_steps
     assert gate.explored >= 1
     assert all(verified[-32:]), "the refitted cost opens the gate"
     assert sum(verified[aged_out : aged_out + MIN_VERIFY_STEPS * EXPLORE_EVERY]) >= 1
+
+
+def _reference_calibrate(cal: NodeCalibration, tree: DraftTree) -> np.ndarray:
+    """Per-node definition: conditionals calibrated, multiplied down each path."""
+    cond = cal.conditional(conditional_probs(tree), tree.match_len,
+                           np.asarray(tree.origins[: len(tree.probs)]) if tree.origins else None)  # fmt: skip
+    out = np.empty_like(cond)
+    for i, parent in enumerate(tree.parents[: cond.size]):
+        out[i] = cond[i] * (out[parent] if parent >= 0 else 1.0)
+    return out
+
+
+def _reference_observe(cal: NodeCalibration, tree: DraftTree, committed: list[int]) -> int:
+    """Per-node definition: a node is observed where its parent is on the target's path
+    (or the root) and the committed tokens reach its depth."""
+    from sglang_spec_ext.suffix.draft import SUFFIX_NODE
+    from sglang_spec_ext.suffix.lengths import match_bucket
+
+    cond = conditional_probs(tree)
+    on_path, depth, seen = [False] * cond.size, [0] * cond.size, 0
+    for i in range(cond.size):
+        parent = tree.parents[i]
+        depth[i] = 1 if parent < 0 else depth[parent] + 1
+        if (parent >= 0 and not on_path[parent]) or depth[i] > len(committed):
+            continue
+        on_path[i] = committed[depth[i] - 1] == tree.tokens[i]
+        b, hit, seen = cal._bins(np.array([cond[i]]))[0], float(on_path[i]), seen + 1
+        origin = tree.origins[i] if tree.origins else SUFFIX_NODE
+        if origin == SUFFIX_NODE:
+            cal.seen[b] += 1.0
+            cal.hits[b] += hit
+            cal.cell_seen[match_bucket(tree.match_len), b] += 1.0
+            cal.cell_hits[match_bucket(tree.match_len), b] += hit
+        else:
+            cal.origin_seen[origin, b] += 1.0
+            cal.origin_hits[origin, b] += hit
+    return seen
+
+
+def test_batched_calibration_and_labels_equal_the_per_node_definition():
+    """NodeCalibration runs a batch's drafts as flat arrays (one pass per tree depth);
+    its figures are those of the per-node walk, exactly: calibrated probabilities bit for
+    bit, labels and counts the same, on random trees with grammar origins."""
+    rng = random.Random(7)
+
+    def random_tree() -> DraftTree:
+        n = rng.randint(0, 14)
+        parents = [rng.randint(-1, i - 1) for i in range(n)]
+        probs: list[float] = []
+        for p in parents:
+            probs.append(rng.random() * (1.0 if p < 0 else probs[p]))
+        origins = [rng.choice([0, 0, 0, 1, 2]) for _ in range(n)] if rng.random() < 0.3 else []
+        return DraftTree(tokens=[rng.randint(1, 4) for _ in range(n)], parents=parents,
+                         probs=probs, score=sum(probs), match_len=rng.randint(0, 40),
+                         origins=origins)  # fmt: skip
+
+    batched, reference = NodeCalibration(), NodeCalibration()
+    for _step in range(60):
+        trees = [random_tree() for _ in range(rng.randint(1, 20))]
+        got = batched.calibrate_many(trees)
+        assert len(got) == len(trees)
+        for tree, probs in zip(trees, got, strict=True):
+            assert np.array_equal(probs, _reference_calibrate(reference, tree))
+        labelled = [(t, [rng.randint(1, 4) for _ in range(rng.randint(0, 6))]) for t in trees]
+        counts = batched.observe_many(labelled)
+        assert counts.tolist() == [_reference_observe(reference, t, c) for t, c in labelled]
+        for name in ("seen", "hits", "cell_seen", "cell_hits", "origin_seen", "origin_hits"):
+            assert np.array_equal(getattr(batched, name), getattr(reference, name)), name
+    assert batched.seen.sum() > 100 and batched.origin_seen.sum() > 10
+    assert batched.calibrate_many([]) == [] and batched.observe_many([]).size == 0
