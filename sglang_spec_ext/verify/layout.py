@@ -91,6 +91,55 @@ def retrieve_links(parents: Sequence[int], width: int) -> tuple[np.ndarray, np.n
     return next_token, next_sibling
 
 
+def full_parents_batch(trees_parents: Sequence[Sequence[int]], width: int) -> np.ndarray:
+    """int64 [k, W]: each tree's parents in the width index space (:func:`_full_parents`:
+    the root -1, padding chained below the last node), every tree checked."""
+    out = np.tile(np.arange(-1, width - 1, dtype=np.int64), (len(trees_parents), 1))
+    for row, parents in zip(out, trees_parents, strict=True):
+        n = len(parents)
+        if n:
+            row[1 : n + 1] = np.asarray(_check_parents(parents, width), dtype=np.int64) + 1
+    return out
+
+
+def masks_from_parents(par: np.ndarray) -> np.ndarray:
+    """bool [k, W, W]: :func:`tree_mask` of each row of full parents ``par`` [k, W]."""
+    k, width = par.shape
+    eye = np.broadcast_to(np.eye(width, dtype=bool), (k, width, width))
+    up, has = np.maximum(par, 0), (par >= 0)[..., None]
+    rows = np.arange(k)[:, None]
+    mask = eye.copy()
+    while True:  # a node's row is its parent's plus itself: settled level by level
+        nxt = eye | (mask[rows, up] & has)
+        if np.array_equal(nxt, mask):
+            return mask
+        mask = nxt
+
+
+def parents_from_masks(masks: np.ndarray) -> np.ndarray:
+    """int64 [k, W]: full parents (root -1) of ancestor masks [k, W, W], each node's
+    deepest proper ancestor (``replay.protocol.tree_from_ancestor_mask`` per row)."""
+    m = np.asarray(masks, dtype=bool)
+    strict = np.tril(m, k=-1)  # proper ancestors: parents precede children
+    parent = np.where(strict, m.sum(-1)[:, None, :], -1).argmax(-1)
+    parent[:, 0] = -1
+    return parent
+
+
+def links_from_parents(par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`retrieve_links` of each row of full parents ``par`` [k, W]: first-child and
+    next-sibling indices, int64 [k, W], -1 for none."""
+    width = par.shape[1]
+    idx = np.arange(width)
+    node = idx >= 1  # the root is nobody's child
+    child = (par[:, None, :] == idx[None, :, None]) & node  # [k, p, i]: i a child of p
+    sibling = ((par[:, :, None] == par[:, None, :]) & (idx[None, :] > idx[:, None])
+               & node[:, None] & node)  # [k, i, j]: j a later sibling of i  # fmt: skip
+    next_token = np.where(child.any(-1), child.argmax(-1), -1)
+    next_sibling = np.where(sibling.any(-1), sibling.argmax(-1), -1)
+    return next_token.astype(np.int64), next_sibling.astype(np.int64)
+
+
 def index_within(lens: Sequence[int] | np.ndarray) -> np.ndarray:
     """For rows laid out request after request (``lens[b]`` rows of request ``b``), each
     row's index within its request: ``[0 .. lens[0]-1, 0 .. lens[1]-1, ...]``."""

@@ -199,3 +199,41 @@ def test_accepted_length_matches_brute_force():
             continue
         cont = [rng.randrange(3) for _ in range(rng.randrange(0, 8))]
         assert accepted_length(t, cont) == brute_accept(t, cont)
+
+
+def test_batched_masks_parents_and_links_equal_the_per_tree_ones():
+    """HYBRID packs and splices a batch's rows at once (``masks_from_parents``,
+    ``parents_from_masks``, ``links_from_parents``): the same arrays as ``tree_mask``,
+    ``tree_from_ancestor_mask`` and ``retrieve_links`` per tree, padding included."""
+    import random
+
+    from sglang_spec_ext.replay.protocol import tree_from_ancestor_mask
+    from sglang_spec_ext.verify.layout import (
+        full_parents_batch,
+        links_from_parents,
+        masks_from_parents,
+        parents_from_masks,
+        retrieve_links,
+        tree_mask,
+    )
+
+    rng = random.Random(3)
+    for width in (1, 2, 5, 16):
+        trees = []
+        for _ in range(40):
+            n = rng.randint(0, width - 1)
+            trees.append([rng.randint(-1, i - 1) for i in range(n)])
+        full = full_parents_batch(trees, width)
+        masks = masks_from_parents(full)
+        nt, ns = links_from_parents(full)
+        for b, parents in enumerate(trees):
+            assert np.array_equal(masks[b], tree_mask(parents, width))
+            want_nt, want_ns = retrieve_links(parents, width)
+            assert np.array_equal(nt[b], want_nt) and np.array_equal(ns[b], want_ns)
+        back = parents_from_masks(masks)
+        assert np.array_equal(back, full)
+        for b in range(len(trees)):
+            draft = tree_from_ancestor_mask(list(range(width)), masks[b])
+            assert list(back[b, 1:] - 1) == list(draft.parents)
+    with pytest.raises(ValueError, match="parents"):
+        full_parents_batch([[0]], 4)  # a node that is its own parent

@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from sglang_spec_ext.replay.protocol import tree_from_ancestor_mask
 from sglang_spec_ext.sglang.verify.tree_mask import write_tree_mask
-from sglang_spec_ext.verify.layout import retrieve_links
+from sglang_spec_ext.verify.layout import links_from_parents, parents_from_masks
 
 
 def read_tree(
@@ -60,11 +59,7 @@ def write_trees(
     seq_lens = seq_lens.to(device=device, dtype=torch.int64)
     which = torch.tensor(rows, dtype=torch.int64, device=device)
     sel_masks = masks[rows]  # [k, W, W]
-    nt = np.empty((len(rows), width), dtype=np.int64)
-    ns = np.empty_like(nt)
-    for i, (row, m) in enumerate(zip(rows, sel_masks, strict=True)):
-        parents = tree_from_ancestor_mask(tokens[row], m).parents
-        nt[i], ns[i] = retrieve_links(parents, width)
+    nt, ns = links_from_parents(parents_from_masks(sel_masks))
     depth_host = sel_masks.sum(-1) - 1  # [k, W] on the host: no device read below
     depth = torch.from_numpy(depth_host).to(device)
     flat = (which[:, None] * width + torch.arange(width, device=device)).reshape(-1)

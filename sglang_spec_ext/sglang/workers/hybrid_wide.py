@@ -62,7 +62,7 @@ from sglang_spec_ext.sglang.verify.widths import (
     reads_width_from_spec_info,
 )
 from sglang_spec_ext.suffix.draft import DraftTree
-from sglang_spec_ext.verify.layout import tree_mask
+from sglang_spec_ext.verify.layout import full_parents_batch, masks_from_parents
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -117,21 +117,31 @@ def tree_rows_problem(worker: Any) -> str | None:
 
 class PackedRows:
     """One step's rows, packed ``width`` wide: tokens (root first), ancestor masks, node
-    counts, and which rows hold the suffix draft."""
+    counts, and which rows hold the suffix draft. The masks are built for all rows at
+    once when first read (``verify/layout.masks_from_parents``)."""
 
     def __init__(self, bs: int, width: int) -> None:
         self.width = width
         self.flags = np.zeros(bs, dtype=np.int64)
         self.lens = np.zeros(bs, dtype=np.int64)
         self.tokens = np.zeros((bs, width), dtype=np.int64)
-        self.masks = np.zeros((bs, width, width), dtype=bool)
+        self.parents = full_parents_batch([[]] * bs, width)  # the width's index space
+        self._masks: np.ndarray | None = None
 
     def write(self, b: int, tokens: Any, parents: Any) -> None:
         n = len(tokens)
         self.tokens[b, 1:] = 0
         self.tokens[b, 1 : 1 + n] = tokens
-        self.masks[b] = tree_mask(parents, self.width)
+        self.parents[b] = full_parents_batch([parents], self.width)[0]
         self.lens[b] = n
+        self._masks = None
+
+    @property
+    def masks(self) -> np.ndarray:
+        """bool [bs, W, W]: each row's ancestor mask (``verify/layout.tree_mask``)."""
+        if self._masks is None:
+            self._masks = masks_from_parents(self.parents)
+        return self._masks
 
 
 class WideStepsMixin:
