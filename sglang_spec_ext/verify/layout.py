@@ -94,26 +94,32 @@ def retrieve_links(parents: Sequence[int], width: int) -> tuple[np.ndarray, np.n
 def full_parents_batch(trees_parents: Sequence[Sequence[int]], width: int) -> np.ndarray:
     """int64 [k, W]: each tree's parents in the width index space (:func:`_full_parents`:
     the root -1, padding chained below the last node), every tree checked."""
-    out = np.tile(np.arange(-1, width - 1, dtype=np.int64), (len(trees_parents), 1))
-    for row, parents in zip(out, trees_parents, strict=True):
-        n = len(parents)
-        if n:
-            row[1 : n + 1] = np.asarray(_check_parents(parents, width), dtype=np.int64) + 1
+    k = len(trees_parents)
+    out = np.tile(np.arange(-1, width - 1, dtype=np.int64), (k, 1))
+    lens = np.fromiter((len(p) for p in trees_parents), dtype=np.int64, count=k)
+    flat = np.fromiter(chain.from_iterable(trees_parents), np.int64, int(lens.sum()))
+    local = index_within(lens)
+    bad = (lens > width - 1) | np.bincount(
+        np.repeat(np.arange(k), lens), weights=(flat < -1) | (flat >= local), minlength=k
+    ).astype(bool)
+    if bad.any():
+        _check_parents(trees_parents[int(np.argmax(bad))], width)  # raises, naming the node
+    out[np.repeat(np.arange(k), lens), local + 1] = flat + 1
     return out
 
 
 def masks_from_parents(par: np.ndarray) -> np.ndarray:
-    """bool [k, W, W]: :func:`tree_mask` of each row of full parents ``par`` [k, W]."""
+    """bool [k, W, W]: :func:`tree_mask` of each row of full parents ``par`` [k, W]: each
+    node and its ancestors, the closure of "itself or its parent" by repeated squaring."""
     k, width = par.shape
-    eye = np.broadcast_to(np.eye(width, dtype=bool), (k, width, width))
-    up, has = np.maximum(par, 0), (par >= 0)[..., None]
-    rows = np.arange(k)[:, None]
-    mask = eye.copy()
-    while True:  # a node's row is its parent's plus itself: settled level by level
-        nxt = eye | (mask[rows, up] & has)
-        if np.array_equal(nxt, mask):
-            return mask
-        mask = nxt
+    reach = np.broadcast_to(np.eye(width, dtype=np.float32), (k, width, width)).copy()
+    tree, node = np.nonzero(par >= 0)
+    reach[tree, node, par[tree, node]] = 1.0
+    span = 1  # paths of up to ``span`` steps are in ``reach``
+    while span < width:
+        reach = np.minimum(reach @ reach, 1.0)
+        span *= 2
+    return reach > 0
 
 
 def parents_from_masks(masks: np.ndarray) -> np.ndarray:

@@ -236,4 +236,6 @@ def test_batched_masks_parents_and_links_equal_the_per_tree_ones():
             draft = tree_from_ancestor_mask(list(range(width)), masks[b])
             assert list(back[b, 1:] - 1) == list(draft.parents)
     with pytest.raises(ValueError, match="parents"):
-        full_parents_batch([[0]], 4)  # a node that is its own parent
+        full_parents_batch([[-1], [0]], 4)  # the second tree's node is its own parent
+    with pytest.raises(ValueError, match="do not fit width 4"):
+        full_parents_batch([[-1, -1, -1, -1]], 4)

@@ -125,14 +125,14 @@ class PackedRows:
         self.flags = np.zeros(bs, dtype=np.int64)
         self.lens = np.zeros(bs, dtype=np.int64)
         self.tokens = np.zeros((bs, width), dtype=np.int64)
-        self.parents = full_parents_batch([[]] * bs, width)  # the width's index space
+        self._parents: list[Any] = [()] * bs
         self._masks: np.ndarray | None = None
 
     def write(self, b: int, tokens: Any, parents: Any) -> None:
         n = len(tokens)
         self.tokens[b, 1:] = 0
         self.tokens[b, 1 : 1 + n] = tokens
-        self.parents[b] = full_parents_batch([parents], self.width)[0]
+        self._parents[b] = parents
         self.lens[b] = n
         self._masks = None
 
@@ -140,7 +140,7 @@ class PackedRows:
     def masks(self) -> np.ndarray:
         """bool [bs, W, W]: each row's ancestor mask (``verify/layout.tree_mask``)."""
         if self._masks is None:
-            self._masks = masks_from_parents(self.parents)
+            self._masks = masks_from_parents(full_parents_batch(self._parents, self.width))
         return self._masks
 
 
