@@ -47,9 +47,15 @@ def test_adaptive_width_keeps_greedy_output_identical(
     assert got == want
     print(f"\nadaptive SUFFIX accept lengths (width <= {WIDTH}): {[round(a, 2) for a in accs]}")
     # The controller really switched widths (the worker logs what it used).
-    used = set()
+    used, feedback = set(), []
     for line in spec.log_path.read_text().splitlines():
         if "verify widths used in the last" in line:
-            used |= {int(w) for w in re.findall(r"(\d+): \d+", line[line.index("{") :])}
+            widths = line[line.index("{") : line.index("}") + 1]
+            used |= {int(w) for w in re.findall(r"(\d+): \d+", widths)}
+            feedback.append(re.search(r"feedback: (\d+) steps fed back, (\d+) host", line))
     print(f"verify widths used: {sorted(used)}")
     assert len(used) >= 2, "the adaptive controller never changed the verify width"
+    # the controller learns from the host's result processing (on_verify_complete_cpu)
+    assert feedback and all(f is not None for f in feedback), feedback
+    fed, unmatched = (int(x) for x in feedback[-1].groups())
+    assert fed >= 100 and unmatched == 0, (fed, unmatched)

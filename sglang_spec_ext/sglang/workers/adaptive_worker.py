@@ -19,10 +19,13 @@ fixed-width worker's narrow steps):
   builds at ``draft_token_num``, always run at the startup width
   (tests/host/test_overlap_relay.py drives this against the host's FutureMap).
 
-Feedback: the accepted drafts per request of a step are read at the next
-decode step (so no extra device sync); the step time fed to the cost model is
-the wall time between two consecutive decode steps of the same batch size,
-which is what bounds decode throughput. With ``--tp-size`` > 1 the first TP
+Feedback: the accepted drafts per request of a step come from the host's result
+processing, which has them on the CPU already (``on_verify_complete_cpu``, as the
+host's own adaptive controllers get theirs), so the worker reads nothing from the
+device for them; the step time fed to the cost model is the wall time between two
+consecutive decode steps of the same batch size, which is what bounds decode
+throughput. A step's feedback reaches the controller once both are known (under
+overlap scheduling one step later than without). With ``--tp-size`` > 1 the first TP
 rank's choice is broadcast to the others (``tp_sync.TpSync``), so all ranks
 verify the same shape.
 
@@ -42,7 +45,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
+from dataclasses import dataclass
 from typing import Any
 
 from sglang_spec_ext.adaptive import AdaptiveConfig, AdaptiveController
@@ -55,6 +59,23 @@ logger = logging.getLogger("sglang_spec_ext")
 
 #: Decode steps between two INFO lines summarising the widths the controller used.
 LOG_EVERY_STEPS = 200
+#: Decode steps whose feedback may wait for the host's result processing (older ones are
+#: dropped: the host processes each step's result one or two steps later).
+MAX_UNRESOLVED_STEPS = 8
+
+
+@dataclass
+class _Step:
+    """A decode step waiting for its feedback: its time (from the next decode step's
+    start) and its accepted drafts (from the host's result processing)."""
+
+    bs: int
+    k: int
+    rids: list[str]
+    start: float
+    seconds: float | None = None  # None: not known yet
+    timed: bool = True  # False: no step time (the next step had another batch size)
+    accepted: list[int] | None = None
 
 
 def adaptive_config_for(max_width: int) -> AdaptiveConfig:
@@ -96,8 +117,10 @@ class AdaptiveSuffixWorker(SuffixWorker):
                 "controller chooses the verify width (width 1 is a plain step)"
             )
         self.controller = AdaptiveController(adaptive_config_for(self.max_width))
-        self._pending: tuple | None = None  # (bs, k, accept_lens, rids, t_start)
+        self._steps: deque[_Step] = deque(maxlen=MAX_UNRESOLVED_STEPS)
         self._widths_used: Counter[int] = Counter()
+        self.feedback_mismatches = 0  # host results whose batch size matched no step
+        self.fed_back_steps = 0
 
     PREPARES_EVERY_WIDTH = True  # (suffix_ragged._prepare_shorter_widths)
 
@@ -123,7 +146,7 @@ class AdaptiveSuffixWorker(SuffixWorker):
         self, batch: Any, on_publish=None, pp_proxy_tensors=None, *, grammar_barrier=None
     ):
         if not batch.forward_mode.is_decode():
-            self._pending = None  # a prefill in between: no decode step time to measure
+            self._close_step(None)  # a prefill in between: no decode step time to measure
             # The host's extend path relays accept_tokens at draft_token_num: that
             # must be the startup width, which the host's future map is sized for
             # (and which every relayed row stride assumes), not the last decode width.
@@ -137,7 +160,7 @@ class AdaptiveSuffixWorker(SuffixWorker):
         now = time.perf_counter()
         bs = len(batch.reqs)
         rids = [req.rid for req in batch.reqs]
-        self._feed_back(now, bs)
+        self._close_step(now, bs)
         width = self._choose_width(bs, rids)
         self._use_width(width)
         result = super().forward_batch_generation(
@@ -146,16 +169,19 @@ class AdaptiveSuffixWorker(SuffixWorker):
             pp_proxy_tensors=pp_proxy_tensors,
             grammar_barrier=grammar_barrier,
         )
-        self._pending = (bs, width - 1, result.accept_lens, rids, now)
+        self._steps.append(_Step(bs, width - 1, rids, now))
         if width < self.max_width and result.next_draft_input is not None:
             self._pad_relay(result.next_draft_input, bs, width)
         self._widths_used[width] += 1
         spec_metrics.on_adaptive_step("width", self.controller, bs, width, batch.reqs)
         if sum(self._widths_used.values()) >= LOG_EVERY_STEPS:
             logger.info(
-                "SUFFIX adaptive: verify widths used in the last %d decode steps: %s",
+                "SUFFIX adaptive: verify widths used in the last %d decode steps: %s "
+                "(feedback: %d steps fed back, %d host results matched no step)",
                 LOG_EVERY_STEPS,
                 dict(sorted(self._widths_used.items())),
+                self.fed_back_steps,
+                self.feedback_mismatches,
             )
             self._widths_used.clear()
         return result
@@ -168,14 +194,41 @@ class AdaptiveSuffixWorker(SuffixWorker):
             width = self._tp_sync.width(width)
         return width
 
-    def _feed_back(self, now: float, bs: int) -> None:
-        if self._pending is None:
+    def _close_step(self, now: float | None, bs: int = 0) -> None:
+        """The last decode step's time, up to ``now`` (the next decode step's start, of
+        ``bs`` requests; None: a prefill came between, so no step time)."""
+        if self._steps and self._steps[-1].seconds is None and self._steps[-1].timed:
+            last = self._steps[-1]
+            if now is None or last.bs != bs:
+                last.timed = False
+            else:
+                last.seconds = now - last.start
+        self._feed_back()
+
+    def on_verify_complete_cpu(
+        self, num_correct_drafts_per_req: list[int], batch_size: int = 0
+    ) -> None:
+        """The host's result processing of a decode step, its accepted drafts per request
+        on the CPU (``batch_result_processor``): the oldest step still waiting for them."""
+        super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
+        waiting = next((s for s in self._steps if s.accepted is None), None)
+        if waiting is None or len(num_correct_drafts_per_req) != waiting.bs:
+            self.feedback_mismatches += 1
             return
-        prev_bs, k, accept_lens, rids, t_start = self._pending
-        self._pending = None
-        accepted = [max(0, int(a) - 1) for a in accept_lens.tolist()]
-        step_time = now - t_start if prev_bs == bs else None
-        self.controller.on_verify(prev_bs, k, accepted, step_time, req_ids=rids)
+        waiting.accepted = [max(0, int(a)) for a in num_correct_drafts_per_req]
+        self._feed_back()
+
+    def _feed_back(self) -> None:
+        """Feed the controller every leading step whose time and acceptance are known."""
+        while self._steps:
+            step = self._steps[0]
+            if step.accepted is None or (step.timed and step.seconds is None):
+                return
+            self._steps.popleft()
+            self.fed_back_steps += 1
+            self.controller.on_verify(step.bs, step.k, step.accepted,
+                                      step.seconds if step.timed else None,
+                                      req_ids=step.rids)  # fmt: skip
 
     def close_sessions(self, rids: list[str]) -> None:
         super().close_sessions(rids)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 
 def relayed_tokens(spec_info: Any, bs: int) -> tuple[list[int], list[int], int]:
     """The previous step's accepted tokens (overlap relay): ids, lengths, row stride.
@@ -22,8 +24,10 @@ def relayed_tokens(spec_info: Any, bs: int) -> tuple[list[int], list[int], int]:
     a batch made of merged or earlier steps may carry stale.
     """
     ids, lens = spec_info.accept_tokens, spec_info.accept_lens
-    if not ids.is_cpu:
-        ids, lens = ids.cpu(), lens.cpu()
+    if not ids.is_cpu:  # one device-to-host copy (one sync) for both
+        n = ids.numel()
+        both = torch.cat([ids.reshape(-1), lens.reshape(-1).to(ids.dtype)]).cpu()
+        ids, lens = both[:n], both[n:]
     ids, lens = ids.tolist(), lens.tolist()
     if len(lens) != bs or (bs and len(ids) % bs):
         raise RuntimeError(
