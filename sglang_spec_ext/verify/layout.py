@@ -93,33 +93,42 @@ def retrieve_links(parents: Sequence[int], width: int) -> tuple[np.ndarray, np.n
 
 def full_parents_batch(trees_parents: Sequence[Sequence[int]], width: int) -> np.ndarray:
     """int64 [k, W]: each tree's parents in the width index space (:func:`_full_parents`:
-    the root -1, padding chained below the last node), every tree checked."""
+    the root -1, padding chained below the last node), every tree checked (a
+    :class:`ValueError` names the tree and the node)."""
     k = len(trees_parents)
-    out = np.tile(np.arange(-1, width - 1, dtype=np.int64), (k, 1))
     lens = np.fromiter((len(p) for p in trees_parents), dtype=np.int64, count=k)
+    if k and (lens > width - 1).any():
+        b = int(np.argmax(lens > width - 1))
+        raise ValueError(
+            f"tree {b}: {lens[b]} draft nodes do not fit width {width} (at most {width - 1})"
+        )
     flat = np.fromiter(chain.from_iterable(trees_parents), np.int64, int(lens.sum()))
-    local = index_within(lens)
-    bad = (lens > width - 1) | np.bincount(
-        np.repeat(np.arange(k), lens), weights=(flat < -1) | (flat >= local), minlength=k
-    ).astype(bool)
+    rows = np.repeat(np.arange(k), lens)
+    cols = index_within(lens)  # index within its tree
+    bad = (flat < -1) | (flat >= cols)
     if bad.any():
-        _check_parents(trees_parents[int(np.argmax(bad))], width)  # raises, naming the node
-    out[np.repeat(np.arange(k), lens), local + 1] = flat + 1
-    return out
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"tree {rows[i]}: parents[{cols[i]}]={flat[i]} is invalid: "
+            f"expected -1 <= parent < {cols[i]}"
+        )
+    par = np.tile(np.arange(-1, width - 1, dtype=np.int64), (k, 1))
+    par[rows, cols + 1] = flat + 1
+    return par
 
 
 def masks_from_parents(par: np.ndarray) -> np.ndarray:
-    """bool [k, W, W]: :func:`tree_mask` of each row of full parents ``par`` [k, W]: each
-    node and its ancestors, the closure of "itself or its parent" by repeated squaring."""
+    """bool [k, W, W]: :func:`tree_mask` of each row of full parents ``par`` [k, W]: a
+    node's row is its parent's plus itself, topological over nodes, vectorised over rows."""
     k, width = par.shape
-    reach = np.broadcast_to(np.eye(width, dtype=np.float32), (k, width, width)).copy()
-    tree, node = np.nonzero(par >= 0)
-    reach[tree, node, par[tree, node]] = 1.0
-    span = 1  # paths of up to ``span`` steps are in ``reach``
-    while span < width:
-        reach = np.minimum(reach @ reach, 1.0)
-        span *= 2
-    return reach > 0
+    mask = np.zeros((k, width, width), dtype=bool)
+    mask[:, :, 0] = True  # every node sees the root
+    diag = np.arange(width)
+    mask[:, diag, diag] = True
+    rows = np.arange(k)
+    for i in range(2, width):  # the children of the root are complete already
+        mask[:, i] |= mask[rows, par[:, i]]
+    return mask
 
 
 def parents_from_masks(masks: np.ndarray) -> np.ndarray:
@@ -179,42 +188,17 @@ def pack_batch(
         raise ValueError(f"width={width} is invalid: expected >= 1 (the root)")
     lens = np.fromiter((len(t.parents) for t in trees), dtype=np.int64, count=bs)
     n_tok = np.fromiter((len(t.tokens) for t in trees), dtype=np.int64, count=bs)
-    if bs and (lens > width - 1).any():
-        b = int(np.argmax(lens > width - 1))
-        raise ValueError(
-            f"tree {b}: {lens[b]} draft nodes do not fit width {width} (at most {width - 1})"
-        )
     if not np.array_equal(lens, n_tok):
         b = int(np.argmax(lens != n_tok))
         raise ValueError(f"tree {b}: {n_tok[b]} tokens but {lens[b]} parents")
-    total = int(lens.sum())
-    flat_par = np.fromiter(
-        chain.from_iterable(t.parents for t in trees), dtype=np.int64, count=total
-    )
+    par = full_parents_batch([t.parents for t in trees], width)  # checked
     flat_tok = np.fromiter(
-        chain.from_iterable(t.tokens for t in trees), dtype=np.int64, count=total
+        chain.from_iterable(t.tokens for t in trees), dtype=np.int64, count=int(lens.sum())
     )
-    rows = np.repeat(np.arange(bs), lens)
-    cols = index_within(lens)  # index within its tree
-    bad = (flat_par < -1) | (flat_par >= cols)
-    if bad.any():
-        k = int(np.argmax(bad))
-        raise ValueError(
-            f"tree {rows[k]}: parents[{cols[k]}]={flat_par[k]} is invalid: "
-            f"expected -1 <= parent < {cols[k]}"
-        )
     tokens = np.zeros((bs, width), dtype=np.int64)
     tokens[:, 0] = np.asarray(root_tokens, dtype=np.int64).reshape(bs)
-    tokens[rows, cols + 1] = flat_tok
-    par = np.arange(-1, width - 1, dtype=np.int64)[None, :].repeat(bs, 0)  # as _full_parents
-    par[rows, cols + 1] = flat_par + 1
-    mask = np.zeros((bs, width, width), dtype=bool)
-    mask[:, :, 0] = True  # every node sees the root
-    diag = np.arange(width)
-    mask[:, diag, diag] = True
-    batch = np.arange(bs)
-    for i in range(2, width):  # topological over nodes, vectorised over the batch
-        mask[:, i] |= mask[batch, par[:, i]]
+    tokens[np.repeat(np.arange(bs), lens), index_within(lens) + 1] = flat_tok
+    mask = masks_from_parents(par)
     return tokens.reshape(-1), mask.reshape(-1)
 
 
