@@ -65,30 +65,19 @@ def depths(parents: Sequence[int]) -> np.ndarray:
 
 def tree_mask(parents: Sequence[int], width: int) -> np.ndarray:
     """bool [W, W]: row i marks node i and its ancestors (root row = [1, 0, ...])."""
-    par = _full_parents(_check_parents(parents, width), width)
-    mask = np.zeros((width, width), dtype=bool)
-    mask[0, 0] = True
-    for i in range(1, width):  # topological order: the parent's row is complete
-        mask[i] = mask[par[i]]
-        mask[i, i] = True
-    return mask
+    return masks_from_parents(_full_parents_checked(parents, width))[0]
 
 
 def retrieve_links(parents: Sequence[int], width: int) -> tuple[np.ndarray, np.ndarray]:
     """First-child and next-sibling indices (int64 [W], -1 for none), padding
     included, siblings ordered by index."""
-    par = _full_parents(_check_parents(parents, width), width)
-    next_token = np.full(width, -1, dtype=np.int64)
-    next_sibling = np.full(width, -1, dtype=np.int64)
-    last_child = np.full(width, -1, dtype=np.int64)
-    for i in range(1, width):
-        p = par[i]
-        if last_child[p] < 0:
-            next_token[p] = i
-        else:
-            next_sibling[last_child[p]] = i
-        last_child[p] = i
-    return next_token, next_sibling
+    next_token, next_sibling = links_from_parents(_full_parents_checked(parents, width))
+    return next_token[0], next_sibling[0]
+
+
+def _full_parents_checked(parents: Sequence[int], width: int) -> np.ndarray:
+    """[1, W]: one tree's full parents, checked as :func:`_check_parents` checks them."""
+    return _full_parents(_check_parents(parents, width), width)[None, :]
 
 
 def full_parents_batch(trees_parents: Sequence[Sequence[int]], width: int) -> np.ndarray:
