@@ -5,7 +5,9 @@ converted once to safetensors) with the real SGLang server on the CPU engine,
 first without speculation, then with ``--speculative-algorithm SUFFIX``, on a
 short code-editing workload (plus repeated questions), one request at a time.
 Prints whether the greedy outputs are identical, the accept length the host
-reports, and tokens per second of both runs. Writes JSON with machine details.
+reports, and tokens per second of both runs. Writes JSON with machine details to
+``.cache/demo.json`` (ignored by git: the demo leaves a clone clean); ``--json
+benchmarks/results/demo.json`` updates the committed result the docs cite.
 
 Serves the way ``sglang-spec-ext serve-cpu`` does (the product's placeholder
 modules for the host's GPU-only imports, CPU defaults); imports nothing from tests/.
@@ -81,7 +83,18 @@ def main(argv: list[str] | None = None) -> int:
         "--width", type=int, default=8, help="verify width (--speculative-num-draft-tokens)"
     )
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--json", default=str(REPO / "benchmarks/results/demo.json"))
+    ap.add_argument(
+        "--json",
+        default=str(REPO / ".cache" / "demo.json"),
+        help="where to write the results (default: .cache/demo.json, ignored by git; "
+        "benchmarks/results/demo.json is the committed one the docs cite)",
+    )
+    ap.add_argument(
+        "--model-dir",
+        help="serve this model directory (config, weights, tokenizer with a chat template) "
+        "instead of the embedded SmolLM2-135M-Instruct",
+    )
+    ap.add_argument("--cases", type=int, help="run only the first N chat requests")
     args = ap.parse_args(argv)
     # SIGTERM (e.g. from `timeout`) unwinds normally, so the servers are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -90,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from sglang_spec_ext.models.smollm2 import ensure_smollm2_dir
 
-    model_dir = ensure_smollm2_dir()
+    model_dir = Path(args.model_dir) if args.model_dir else ensure_smollm2_dir()
     tok = AutoTokenizer.from_pretrained(model_dir)
-    cases = demo_cases()
+    cases = demo_cases()[: args.cases] if args.cases else demo_cases()
     spec_args = [
         "--speculative-algorithm",
         "SUFFIX",
@@ -101,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     runs = {}
     for name, extra in (("baseline", []), ("SUFFIX", spec_args)):
-        print(f"[demo] starting the {name} server (SmolLM2-135M, CPU) ...", file=sys.stderr)
+        print(f"[demo] starting the {name} server ({model_dir.name}, CPU) ...", file=sys.stderr)
         with DemoServer(model_dir, extra, name) as server:
             # One warm-up request so neither run pays first-request costs.
             server.generate(text="Hello", max_new_tokens=4, temperature=0)
@@ -126,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     spec_tokens = sum(r["tokens"] for r in spec)
     spec_steps = sum(r["verify_steps"] or 0 for r in spec)
     result = {
-        "what": "SmolLM2-135M-Instruct on the SGLang CPU engine, greedy, batch size 1, baseline vs SUFFIX",
+        "what": f"{'SmolLM2-135M-Instruct' if not args.model_dir else args.model_dir} on the "
+        "SGLang CPU engine, greedy, batch size 1, baseline vs SUFFIX",
         "machine": machine_info(),
         "parameters": {
             "width": args.width,

@@ -26,13 +26,33 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "sglang_spec_ext.sglang.cpu.serving",
         "serve on the CPU engine without sgl-kernel: serve-cpu -- <launch_server args>",
     ),
+    "cpu-env": (
+        "sglang_spec_ext.sglang.cpu.host_tools",
+        "run one of SGLang's own tools (e.g. its serving benchmark) on a CPU-only machine",
+    ),
 }
+
+DESCRIPTION = """sglang-spec-ext: speculative decoding for an unmodified SGLang server.
+
+Algorithms (python -m sglang.launch_server ... --speculative-algorithm NAME):
+  SUFFIX   model-free drafts from suffix trees over past requests and the request's own
+           text; no draft model, no GPU memory (code edits, agents, RAG, repeats)
+  HYBRID   per request and step, the suffix draft or the host's model draft (STANDALONE,
+           EAGLE, EAGLE3, or the target's own MTP layer), whichever should be accepted more
+Also: a goodput controller for draft widths and steps (SGLANG_SPEC_EXT_ADAPTIVE=1, over
+SUFFIX or the host's model drafts), ragged verify (each request verifies its own draft
+length), per-request speculation control, grammar-aware drafts for structured output,
+tenant isolation on shared servers, external corpora, warm restarts, /metrics.
+
+Docs: README.md and docs/ in the source (docs/tools.md for these commands,
+docs/configuration.md for every setting). Start with: sglang-spec-ext doctor"""
 
 
 def _build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, object | None]:
     parser = argparse.ArgumentParser(
         prog="sglang-spec-ext",
-        description="Speculative decoding extensions for SGLang (SUFFIX, adaptive widths).",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = argv[0] if argv else None

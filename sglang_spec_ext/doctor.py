@@ -12,6 +12,7 @@ import argparse
 import json
 import platform
 import sys
+import warnings
 
 from sglang_spec_ext import ALGORITHMS, SUPPORTED_HOST, __version__
 from sglang_spec_ext.config import ConfigError, field_table, load_config
@@ -60,7 +61,11 @@ def _check_registration(rep: _Report) -> None:
     try:
         from sglang_spec_ext.sglang.host.probe import probe_registration
 
-        reg = probe_registration(ALGORITHMS)
+        with warnings.catch_warnings():
+            # the host's import-time notices (e.g. "Triton is not supported on current
+            # platform" on a CPU-only machine) say nothing about the plugin
+            warnings.simplefilter("ignore")
+            reg = probe_registration(ALGORITHMS)
     except Exception as e:  # the host itself fails to import
         rep.line(
             "FAIL",
@@ -100,6 +105,13 @@ def _check_registration(rep: _Report) -> None:
                 f"--speculative-algorithm {name} is unknown to the host",
                 "see the registration errors below" if reg.errors else None,
             )
+    if reg.hooks_waiting:
+        rep.line(
+            "ok",
+            f"{reg.hooks_waiting} runtime hooks on {len(reg.modules_waiting)} host modules "
+            "this process cannot import wait for a server to import them"
+            + (f" (here: {reg.waiting_reason})" if reg.waiting_reason else ""),
+        )
     for msg in reg.errors:
         rep.line("warn", f"host plugin log: {msg}")
 
@@ -111,8 +123,15 @@ def _check_config(rep: _Report) -> None:
         rep.line("FAIL", f"configuration: {e}", "correct or unset the variable named above")
         return
     rep.data["config"] = cfg.as_dict()
-    rep.line("ok", "configuration valid:")
-    for name, value in cfg.as_dict().items():
+    rep.data["config_sources"] = dict(cfg.sources)
+    changed = {n: v for n, v in cfg.as_dict().items() if cfg.sources.get(n, "default") != "default"}
+    rep.line(
+        "ok",
+        f"configuration valid: {len(changed)} of {len(cfg.sources)} settings changed from "
+        "their defaults"
+        + (":" if changed else " (all of them: sglang-spec-ext doctor --list-config)"),
+    )
+    for name, value in changed.items():
         print(f"         {name:<22} = {value!r:<12} ({cfg.sources[name]})")
     mem = cfg.suffix_memory()
     rep.data["suffix_memory_bound_bytes"] = mem.total

@@ -20,6 +20,10 @@ def test_doctor_passes_in_the_test_environment(tmp_path):
     assert "sglang 0.5.23 (supported" in res.stdout
     assert "discovered and run by the host's load_plugins()" in res.stdout
     assert "--speculative-algorithm SUFFIX resolves in the host" in res.stdout
+    # a newcomer's first command: no traceback, no host log noise, one screen
+    out = res.stdout + res.stderr
+    assert "Traceback" not in out and "Failed to apply hooks" not in out, out[-3000:]
+    assert len(out.splitlines()) < 40, out
     data = json.loads(out_json.read_text())
     assert data["ok"] is True and data["registration"]["algorithms"] == {
         "SUFFIX": True,

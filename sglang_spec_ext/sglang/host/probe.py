@@ -16,6 +16,9 @@ class RegistrationReport:
     loaded: bool = False  # load_plugins() ran our register() without error
     algorithms: dict[str, bool] = field(default_factory=dict)  # name -> resolves
     errors: list[str] = field(default_factory=list)
+    hooks_waiting: int = 0  # runtime hooks whose host module this process cannot import
+    modules_waiting: list[str] = field(default_factory=list)
+    waiting_reason: str = ""  # why the first of them would not import here
 
 
 class _Capture(logging.Handler):
@@ -55,6 +58,12 @@ def probe_registration(names: tuple[str, ...]) -> RegistrationReport:
         for lg in loggers:
             lg.removeHandler(capture)
     report.errors = capture.messages
+    from sglang_spec_ext.sglang.host.hooks import pending_targets, unimportable_reason
+
+    waiting = pending_targets()
+    report.hooks_waiting = sum(len(t) for t in waiting.values())
+    report.modules_waiting = sorted(waiting)
+    report.waiting_reason = unimportable_reason(min(waiting)) if waiting else ""
     report.loaded = (
         report.discovered
         and report.allowed
