@@ -127,6 +127,8 @@ class PluginConfig:
     cache_prompts: bool = True
     use_tree: bool = True
     merge_drafts: bool = True
+    recycle_topk: int = 8
+    recycle_max_scopes: int = 16
     backend: str = "auto"
     cpu_fallbacks: bool = True
     host_fixes: bool = True
@@ -168,6 +170,16 @@ class PluginConfig:
         from sglang_spec_ext.suffix.config import SuffixConfig, suffix_config_kwargs
 
         return SuffixConfig(**suffix_config_kwargs(self.as_dict()))
+
+    def recycle_config(self) -> Any:
+        """The recycled draft source's ``RecycleConfig`` (``suffix/recycler.py``)."""
+        from sglang_spec_ext.suffix.recycler import RecycleConfig
+
+        return RecycleConfig(
+            k=self.recycle_topk,
+            max_scopes=self.recycle_max_scopes,
+            min_prob=self.min_token_prob,
+        )
 
     def suffix_memory(self, max_running_requests: int = 256) -> Any:
         """The suffix drafter's worst-case memory (``suffix.memory.MemoryEstimate``) for

@@ -114,6 +114,25 @@ FIELDS: tuple[Field, ...] = (
         "(False: keep the higher-scoring draft, the behaviour before issue 14)",
     ),
     Field(
+        "recycle_topk",
+        int,
+        8,
+        "draft from the target's own top-k: per token, its k most likely successors from the "
+        "latest verify logits, merged with the suffix drafts by calibrated acceptance "
+        "(SUFFIX and adaptive SUFFIX); 0 turns the source off",
+        0,
+        32,
+    ),
+    Field(
+        "recycle_max_scopes",
+        int,
+        16,
+        "top-k tables kept (one per tenant scope, least recently used evicted; each at most "
+        "vocabulary x recycle_topk x 4 bytes)",
+        1,
+        4096,
+    ),
+    Field(
         "backend",
         str,
         "auto",

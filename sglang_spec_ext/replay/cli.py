@@ -20,11 +20,14 @@ from sglang_spec_ext.replay.drafters import (
     drafter_factory,
 )
 from sglang_spec_ext.replay.engine import ReplayResult, replay
+from sglang_spec_ext.replay.recycle import RecycleDrafter
 from sglang_spec_ext.replay.report import format_table, machine_info, package_versions
 from sglang_spec_ext.replay.table import acceptance_table, write_acceptance_table
 from sglang_spec_ext.replay.trace import TraceError, read_trace
 
 SHOWN_DEPTHS = 4
+#: Drafters that feed on the trace's target_topk.
+RECYCLE_DRAFTERS = ("suffix-recycle", "recycle-only")
 
 
 def _key_value(text: str) -> tuple[str, Any]:
@@ -100,6 +103,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--suffix-opt", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
         help="any other SuffixConfig field (JSON value)",
     )  # fmt: skip
+    g = parser.add_argument_group(
+        "suffix-recycle / recycle-only settings (the trace's target_topk, replay/recycle.py)"
+    )
+    g.add_argument("--recycle-k", type=int, default=d.recycle_k, help="successors per token")
+    g.add_argument(
+        "--recycle-min-prob", type=float, default=d.recycle_min_prob,
+        help="recycled nodes below this estimated acceptance are not drafted "
+        "(default: --min-token-prob, as the server)",
+    )  # fmt: skip
+    g.add_argument("--recycle-max-depth", type=int, default=d.recycle_max_depth)
     g = parser.add_argument_group("prompt-lookup settings")
     g.add_argument("--max-ngram", type=int, default=d.max_ngram)
     g.add_argument("--min-ngram", type=int, default=d.min_ngram)
@@ -120,6 +133,9 @@ def options_from_args(args: argparse.Namespace) -> DrafterOptions:
         max_cached_requests=args.max_cached_requests,
         use_tree=not args.chain,
         suffix_backend=args.suffix_backend,
+        recycle_k=args.recycle_k,
+        recycle_min_prob=args.recycle_min_prob,
+        recycle_max_depth=args.recycle_max_depth,
         max_ngram=args.max_ngram,
         min_ngram=args.min_ngram,
         ngram_max_trie_depth=args.ngram_max_trie_depth,
@@ -199,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
     elif constrained:
         print(f"note: {constrained} requests have a constraint; pass --tokenizer PATH to replay "
               "grammar-aware drafts (replaying plain drafts)", file=sys.stderr)  # fmt: skip
+    if args.drafter in RECYCLE_DRAFTERS and not any(r.target_topk for r in records):
+        print(f"note: no request has target_topk; {args.drafter} drafts nothing recycled "
+              "(benchmarks/make_topk_traces.py adds it to a trace)", file=sys.stderr)  # fmt: skip
     show = not args.no_progress
     t0 = time.perf_counter()
     try:
@@ -223,6 +242,9 @@ def run(args: argparse.Namespace) -> int:
         shaped = getattr(drafter, "stats", None)  # grammar-aware drafts (replay/grammar.py)
         if args.tokenizer and shaped is not None:
             report["grammar_drafts"] = shaped.as_dict()
+        recycled = getattr(drafter, "inner", drafter)
+        if isinstance(recycled, RecycleDrafter):
+            report["recycle"] = recycled.stats()
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     print(f"drafter={args.drafter} width={args.width} trace={args.trace} requests={len(records)}")

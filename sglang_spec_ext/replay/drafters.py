@@ -1,5 +1,7 @@
-"""Drafters selectable by name for replay: ``suffix`` (ours), ``suffix-prev`` (ours
-with the settings before issue 14, ``PREVIOUS_SUFFIX_SETTINGS``), ``prompt-lookup``,
+"""Drafters selectable by name for replay: ``suffix`` (ours), ``suffix-recycle`` (ours
+merged with the target's recycled top-k from the trace's ``target_topk``) and
+``recycle-only`` (the recycled top-k alone; both ``replay/recycle.py``), ``suffix-prev``
+(ours with the settings before issue 14, ``PREVIOUS_SUFFIX_SETTINGS``), ``prompt-lookup``,
 ``ngram`` (the host's NGRAM corpus) and ``arctic`` (ArcticInference's suffix cache).
 
 Optional drafters are imported only when chosen; a missing one raises
@@ -15,9 +17,19 @@ from typing import Any
 
 from sglang_spec_ext.replay.protocol import Drafter
 from sglang_spec_ext.suffix.config import PREVIOUS_SUFFIX_SETTINGS, SuffixConfig
+from sglang_spec_ext.suffix.recycler import RecycleConfig
 
-DRAFTER_NAMES = ("suffix", "suffix-prev", "prompt-lookup", "ngram", "arctic")
+DRAFTER_NAMES = (
+    "suffix",
+    "suffix-recycle",
+    "recycle-only",
+    "suffix-prev",
+    "prompt-lookup",
+    "ngram",
+    "arctic",
+)
 _SUFFIX_DEFAULTS = SuffixConfig()
+_RECYCLE_DEFAULTS = RecycleConfig()
 
 
 class DrafterUnavailable(RuntimeError):
@@ -42,6 +54,11 @@ class DrafterOptions:
     max_cached_requests: int = -1
     use_tree: bool = True
     suffix_backend: str = "auto"  # suffix only: "auto", "native" or "python"
+    # suffix-recycle / recycle-only (defaults: RecycleConfig's; min_prob None: the suffix
+    # min_token_prob, as the server's PluginConfig.recycle_config() sets it)
+    recycle_k: int = _RECYCLE_DEFAULTS.k
+    recycle_min_prob: float | None = None
+    recycle_max_depth: int = _RECYCLE_DEFAULTS.max_depth
     # prompt-lookup
     max_ngram: int = 3
     min_ngram: int = 1
@@ -100,6 +117,31 @@ def _make_suffix_prev(opts: DrafterOptions) -> Drafter:
     return _make_suffix(prev)
 
 
+def recycle_config(opts: DrafterOptions) -> RecycleConfig:
+    """The ``RecycleConfig`` of these options (``ValueError`` when out of range)."""
+    min_prob = opts.min_token_prob if opts.recycle_min_prob is None else opts.recycle_min_prob
+    if opts.recycle_k < 1 or opts.recycle_max_depth < 1 or not 0 <= min_prob <= 1:
+        raise ValueError(
+            f"bad recycle setting: k={opts.recycle_k} and max_depth={opts.recycle_max_depth} "
+            f"must be >= 1, min_prob={min_prob} in [0, 1]"
+        )
+    return RecycleConfig(k=opts.recycle_k, min_prob=min_prob, max_depth=opts.recycle_max_depth)
+
+
+def _make_suffix_recycle(opts: DrafterOptions) -> Drafter:
+    """The ``suffix`` drafter (same options) merged with the recycled top-k."""
+    from sglang_spec_ext.replay.recycle import RecycleDrafter
+
+    return RecycleDrafter(_make_suffix(opts), recycle_config(opts))  # type: ignore[arg-type]
+
+
+def _make_recycle_only(opts: DrafterOptions) -> Drafter:
+    """The recycled top-k alone (the suffix draft empty)."""
+    from sglang_spec_ext.replay.recycle import RecycleDrafter
+
+    return RecycleDrafter(None, recycle_config(opts))
+
+
 def _make_prompt_lookup(opts: DrafterOptions) -> Drafter:
     from sglang_spec_ext.replay.prompt_lookup import PromptLookupDrafter
 
@@ -141,6 +183,8 @@ def _make_arctic(opts: DrafterOptions) -> Drafter:
 
 _FACTORIES: dict[str, Callable[[DrafterOptions], Drafter]] = {
     "suffix": _make_suffix,
+    "suffix-recycle": _make_suffix_recycle,
+    "recycle-only": _make_recycle_only,
     "suffix-prev": _make_suffix_prev,
     "prompt-lookup": _make_prompt_lookup,
     "ngram": _make_ngram,

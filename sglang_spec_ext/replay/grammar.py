@@ -68,7 +68,11 @@ class GrammarShaped:
 
     # -- what the engine calls ---------------------------------------------------------
     def prepare(self, req_id: Hashable, rec: TraceRecord) -> None:
-        """Before ``start_request``: the request's constraint, if any."""
+        """Before ``start_request``: the request's constraint, if any (and the inner
+        drafter's own ``prepare``, e.g. the recycled top-k's: ``replay/recycle.py``)."""
+        inner_prepare = getattr(self.inner, "prepare", None)
+        if inner_prepare is not None:
+            inner_prepare(req_id, rec)
         if rec.constraint:
             self._constraints[req_id] = rec.constraint
 

@@ -14,6 +14,12 @@ Optional ``constraint`` (grammar-aware replay, ``sglang_spec_ext.replay.grammar`
 request's structured-output constraint as the host's sampling parameters spell it, one of
 ``{"json_schema": "..."}``, ``{"regex": "..."}``, ``{"ebnf": "..."}``; ``output_ids`` is then
 the target's greedy *constrained* output.
+
+Optional ``target_topk`` (token recycling, ``sglang_spec_ext.replay.recycle``):
+``[[t1, ..., tk], ...]`` with one row per output position ``p`` (``len(output_ids)`` rows,
+all of the same ``k``): the target's ``k`` most likely next tokens, best first, at the
+position of output token ``p`` (its logits after ``prompt_ids + output_ids[:p + 1]``, so
+they predict ``output_ids[p + 1]``; under greedy decoding ``t1`` is that token).
 """
 
 from __future__ import annotations
@@ -72,6 +78,8 @@ class TraceRecord:
     model_drafts: Mapping[str, ModelDrafts] = field(default_factory=dict, hash=False)
     # the request's structured-output constraint (optional; see the module doc)
     constraint: Mapping[str, str] | None = field(default=None, hash=False)
+    # the target's top-k next tokens at every output position (optional; see the module doc)
+    target_topk: tuple[tuple[int, ...], ...] = field(default=(), hash=False)
 
     def __post_init__(self) -> None:
         for name, drafts in self.model_drafts.items():
@@ -80,6 +88,15 @@ class TraceRecord:
                     f'model_drafts["{name}"] has {len(drafts.tokens)} positions, '
                     f"expected one per output token ({len(self.output_ids)})"
                 )
+        if self.target_topk:
+            check_topk(self.target_topk, len(self.output_ids))
+            rows = tuple(tuple(row) for row in self.target_topk)
+            object.__setattr__(self, "target_topk", rows)
+
+    @property
+    def topk_k(self) -> int:
+        """``k`` of ``target_topk`` (0 when the record has none)."""
+        return len(self.target_topk[0]) if self.target_topk else 0
 
     def to_json(self) -> dict:
         out: dict = {
@@ -91,7 +108,42 @@ class TraceRecord:
             out["model_drafts"] = {name: d.to_json() for name, d in self.model_drafts.items()}
         if self.constraint:
             out["constraint"] = dict(self.constraint)
+        if self.target_topk:
+            check_topk(self.target_topk, len(self.output_ids))
+            out["target_topk"] = [list(row) for row in self.target_topk]
         return out
+
+
+def check_topk(rows: object, n_positions: int) -> None:
+    """Raise ``ValueError`` unless ``rows`` is one row of token ids per output position,
+    every row of the same length ``k >= 1``."""
+    if not isinstance(rows, list | tuple):
+        raise ValueError(f'"target_topk" must be a list of rows, got {type(rows).__name__}')
+    if len(rows) != n_positions:
+        raise ValueError(
+            f'"target_topk" has {len(rows)} rows, expected one per output token ({n_positions})'
+        )
+    k = None
+    for p, row in enumerate(rows):
+        if not isinstance(row, list | tuple):
+            raise ValueError(f'"target_topk"[{p}] must be a list, got {type(row).__name__}')
+        if k is None:
+            k = len(row)
+            if k < 1:
+                raise ValueError('"target_topk" rows must hold at least one token')
+        elif len(row) != k:
+            raise ValueError(f'"target_topk"[{p}] has {len(row)} tokens, expected k = {k}')
+        for tok in row:
+            if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+                raise ValueError(
+                    f'"target_topk"[{p}] holds {tok!r}, not a non-negative integer token id'
+                )
+
+
+def parse_topk(obj: object, n_positions: int) -> tuple[tuple[int, ...], ...]:
+    """Validate a decoded ``target_topk`` value (``ValueError`` with the reason if bad)."""
+    check_topk(obj, n_positions)
+    return tuple(tuple(row) for row in obj)  # type: ignore[union-attr]
 
 
 def _token_list(value: object, key: str) -> tuple[int, ...]:
@@ -172,12 +224,14 @@ def parse_record(obj: object) -> TraceRecord:
     output_ids = _token_list(obj["output_ids"], "output_ids")
     drafts = obj.get("model_drafts")
     constraint = obj.get("constraint")
+    topk = obj.get("target_topk")
     return TraceRecord(
         prompt_ids=_token_list(obj["prompt_ids"], "prompt_ids"),
         output_ids=output_ids,
         set=label,
         model_drafts=parse_model_drafts(drafts, len(output_ids)) if drafts is not None else {},
         constraint=parse_constraint(constraint) if constraint is not None else None,
+        target_topk=parse_topk(topk, len(output_ids)) if topk is not None else (),
     )
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 #: Node origins: the suffix trees; a grammar's forced continuation; one of a grammar's few
-#: admitted continuations (``suffix/grammar.py``). The draft gate calibrates each apart.
-SUFFIX_NODE, FORCED_NODE, ALTERNATIVE_NODE = 0, 1, 2
-ORIGINS = 3
+#: admitted continuations (``suffix/grammar.py``); the target's own top-k, recycled
+#: (``suffix/recycling.py``). The draft gate calibrates each apart.
+SUFFIX_NODE, FORCED_NODE, ALTERNATIVE_NODE, RECYCLED_NODE = 0, 1, 2, 3
+ORIGINS = 4
 
 
 @dataclass(slots=True)
@@ -22,7 +23,8 @@ class DraftTree:
     match_len: length of the matched context suffix the draft came from (0 when
         the draft is empty).
     origins: per node, where it came from (:data:`SUFFIX_NODE`, :data:`FORCED_NODE`,
-        :data:`ALTERNATIVE_NODE`); empty: every node from the suffix trees.
+        :data:`ALTERNATIVE_NODE`, :data:`RECYCLED_NODE`); empty: every node from the suffix
+        trees.
     """
 
     tokens: list[int] = field(default_factory=list)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .draft import ORIGINS, SUFFIX_NODE, DraftTree
+from .draft import ORIGINS, RECYCLED_NODE, SUFFIX_NODE, DraftTree
 from .lengths import MATCH_BUCKETS, match_bucket
 
 #: Bins of the drafter's own path probability that node acceptance is calibrated in.
@@ -200,5 +200,7 @@ class NodeCalibration:
         seen, hits = self.origin_seen.sum(axis=1), self.origin_hits.sum(axis=1)
         return {"lengths_conditional_acceptance_by_prob_bin": [
             None if np.isnan(r) else round(float(r), 3) for r in rate],
-            "lengths_grammar_nodes_seen": [int(x) for x in seen[1:]],
-            "lengths_grammar_nodes_accepted": [int(x) for x in hits[1:]]}  # fmt: skip
+            "lengths_grammar_nodes_seen": [int(x) for x in seen[1:RECYCLED_NODE]],
+            "lengths_grammar_nodes_accepted": [int(x) for x in hits[1:RECYCLED_NODE]],
+            "lengths_recycled_nodes_seen": int(seen[RECYCLED_NODE]),
+            "lengths_recycled_nodes_accepted": int(hits[RECYCLED_NODE])}  # fmt: skip

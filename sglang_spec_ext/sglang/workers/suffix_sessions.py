@@ -53,6 +53,8 @@ class Session:
 
     synced: int = 0  # output tokens already pushed to the drafter
     req: Any = field(default=None, repr=False)  # the host Req, for the final push
+    scope: Any = ""  # the request's tenant scope (suffix/scopes.py)
+    last: int = -1  # the last token pushed (the prompt's last, before any output)
 
 
 class SessionCloser:
@@ -146,8 +148,10 @@ class DrafterSessionsMixin:
                 getattr(req, "lora_id", None),
                 self._isolation,
             )
-            self.drafter.start_request(req.rid, req.origin_input_ids_unpadded, scope=scope)
-            session = self._sessions[req.rid] = Session()
+            prompt = req.origin_input_ids_unpadded
+            self.drafter.start_request(req.rid, prompt, scope=scope)
+            last = int(prompt[-1]) if len(prompt) else -1
+            session = self._sessions[req.rid] = Session(scope=scope, last=last)
             if self._gate is not None:
                 self._gate.forget(req.rid)
         if total > session.synced:
@@ -156,8 +160,14 @@ class DrafterSessionsMixin:
             self.drafter.extend_request(req.rid, new)
             if self._gate is not None:  # what the request's last draft was up against
                 self._gate.on_committed(req.rid, new)
+            self._on_committed(req.rid, session.scope, session.last, new)
             session.synced = total
+            session.last = int(new[-1])
         session.req = req
+
+    def _on_committed(self, rid: str, scope: Any, before: int, new: list[int]) -> None:
+        """``rid`` committed ``new`` after the token ``before`` (a draft source that learns
+        from it overrides this: ``suffix_sources.py``)."""
 
     def _speculate(self, rids: list[str], max_nodes: int) -> list[DraftTree]:
         """Drafts for ``rids``; a request whose drafting fails gets an empty draft."""
@@ -182,6 +192,9 @@ class DrafterSessionsMixin:
     def _close(self, rid: str) -> None:
         if self._gate is not None:
             self._gate.forget(rid)
+        recycle_forget = getattr(self, "_recycle_forget", None)
+        if recycle_forget is not None:
+            recycle_forget(rid)
         grammar = getattr(self, "_grammar", None)
         if grammar is not None:
             grammar.forget([rid])

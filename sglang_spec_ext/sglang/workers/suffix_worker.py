@@ -50,6 +50,7 @@ from sglang_spec_ext.sglang.workers.suffix_grammar import GrammarDrafts, served_
 from sglang_spec_ext.sglang.workers.suffix_ragged import RaggedStepsMixin
 from sglang_spec_ext.sglang.workers.suffix_relay import last_token, relayed_per_request
 from sglang_spec_ext.sglang.workers.suffix_sessions import DrafterSessionsMixin, SessionCloser
+from sglang_spec_ext.sglang.workers.suffix_sources import DraftSourcesMixin
 from sglang_spec_ext.sglang.workers.tp_sync import TpDraftError, TpSync, tp_sync
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter
 from sglang_spec_ext.suffix.draft import DraftTree
@@ -64,7 +65,12 @@ def suffix_config_from_plugin_config() -> SuffixConfig:
 
 
 class SuffixWorker(
-    RaggedStepsMixin, DrafterSessionsMixin, ExternalCorporaMixin, WidthSwitchMixin, NGRAMWorker
+    RaggedStepsMixin,
+    DraftSourcesMixin,
+    DrafterSessionsMixin,
+    ExternalCorporaMixin,
+    WidthSwitchMixin,
+    NGRAMWorker,
 ):
     """``--speculative-algorithm SUFFIX`` (see the module doc)."""
 
@@ -124,6 +130,7 @@ class SuffixWorker(
         worker._init_drafter(use_tree)
         worker._grammar.tokenizer_path = tokenizer_path
         worker._gate = None  # HYBRID chooses per request; it has its own calibration
+        worker._recycler = None  # no verify logits reach it there (not yet)
         return worker
 
     def _init_drafter(self, use_tree: bool | None = None) -> None:
@@ -177,12 +184,22 @@ class SuffixWorker(
             config.grammar_drafts, config.grammar_draft_ms, tokenizer_path
         )
         self.corpora = CorpusStore(self, config.max_corpus_tokens)
+        self._init_recycle(config)  # the target's top-k beside the trees (suffix_sources.py)
         self._init_sessions(config)  # suffix_sessions.py (and a snapshot's warm restart)
 
     # -- the step: the host's NGRAM step, or a plain one where nothing was drafted ---
     def forward_batch_generation(
         self, batch: Any, on_publish=None, pp_proxy_tensors=None, *, grammar_barrier=None
     ):
+        """:meth:`_step`, then the top-k of a decode step's logits launched for the
+        recycled draft source (``suffix_sources.py``; no wait)."""
+        decode = batch.forward_mode.is_decode() and bool(batch.reqs)
+        result = self._step(batch, on_publish, pp_proxy_tensors, grammar_barrier=grammar_barrier)
+        if decode and self._recycler is not None:
+            self._recycle_tap(batch, result)
+        return result
+
+    def _step(self, batch: Any, on_publish=None, pp_proxy_tensors=None, *, grammar_barrier=None):
         """The host's NGRAM step, or a plain decode step where no request of the batch
         has a draft (``plain_step.py``; the emptiness is the verified drafts', the same
         on every TP rank).
@@ -346,7 +363,7 @@ class SuffixWorker(
 
         # A fault may have reset the whole drafter: draft only for live sessions.
         ok = [good and rid in self.drafter for rid, good in zip(rids, ok, strict=True)]
-        trees = self._drafts(batch.reqs, rids, ok, width - 1, prevs)
+        trees = self._drafts(batch.reqs, rids, ok, width - 1, prevs, roots)
         trees = [
             cap_tree(tree, max_draft_tokens(req))
             for tree, req in zip(trees, batch.reqs, strict=True)
@@ -360,6 +377,7 @@ class SuffixWorker(
         try:
             packed = pack_batch(trees, roots, width)
             self._set_lens(trees)
+            self._recycle_record(batch.reqs, rids, roots, trees)
             return packed
         except Exception as exc:  # a malformed draft: find it, plain-decode its request
             self._fault("pack", None, exc)
@@ -371,28 +389,8 @@ class SuffixWorker(
                     trees[i] = DraftTree()
             self._step_empty = not any(len(tree.parents) for tree in trees)
             self._set_lens(trees)
+            self._recycle_record(batch.reqs, rids, roots, trees)
             return pack_batch(trees, roots, width)
-
-    def _drafts(
-        self, reqs: list, rids: list[str], ok: list[bool], slots: int, prevs: list[list[int]]
-    ) -> list[DraftTree]:
-        """Each request's suffix draft of up to ``slots`` nodes (empty where its session is
-        not live); a grammar request's drafted from more candidates and shaped by its
-        grammar (suffix_grammar.py). ``prevs``: each request's committed tokens not yet in
-        ``req.output_ids`` (overlap relay)."""
-        matchers = [self._grammar.matcher_of(req, prev) if good else None
-                    for req, good, prev in zip(reqs, ok, prevs, strict=True)]  # fmt: skip
-        trees = [DraftTree() for _ in reqs]
-        plain = [i for i, good in enumerate(ok) if good and matchers[i] is None]
-        shaped = [i for i, m in enumerate(matchers) if m is not None]
-        for group, nodes in ((plain, slots), (shaped, self._grammar.candidates(slots))):
-            for i, tree in zip(
-                group, self._speculate([rids[i] for i in group], nodes), strict=True
-            ):
-                trees[i] = tree
-        if shaped:
-            trees = self._grammar.shape_batch(reqs, trees, slots, matchers, prevs)
-        return trees
 
     def _update_ngram_corpus(self, batch: Any) -> None:
         # The drafter is updated from committed tokens at the next draft
