@@ -71,7 +71,16 @@ def configs(draft: Path) -> dict[str, list[str]]:
                    str(WIDTH)],
         "STANDALONE": ["--speculative-algorithm", "STANDALONE", *model_draft],
         "HYBRID": ["--speculative-algorithm", "HYBRID", *model_draft],
+        # SUFFIX without the target's recycled top-k (SGLANG_SPEC_EXT_RECYCLE_TOPK=0,
+        # CONFIG_ENV): what the recycled source adds to SUFFIX's host time
+        "SUFFIX-norecycle": ["--speculative-algorithm", "SUFFIX",
+                             "--speculative-num-draft-tokens", str(WIDTH)],
     }  # fmt: skip
+
+
+#: Environment of a config beyond the common one.
+CONFIG_ENV = {"SUFFIX-norecycle": {"SGLANG_SPEC_EXT_RECYCLE_TOPK": "0"}}
+ALGORITHMS = ("NGRAM", "SUFFIX", "STANDALONE", "HYBRID", "SUFFIX-norecycle")
 
 
 def step_times(log_path: Path) -> dict[int, list[float]]:
@@ -130,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     if not sizes or min(sizes) < 1 or max(sizes) > 512:
         ap.error(f"--sizes {args.sizes!r}: batch sizes from 1 to 512")
-    unknown = set(args.algorithms.split(",")) - {"NGRAM", "SUFFIX", "STANDALONE", "HYBRID"}
+    unknown = set(args.algorithms.split(",")) - set(ALGORITHMS)
     if unknown:
-        ap.error(f"--algorithms: unknown {sorted(unknown)}; of NGRAM, SUFFIX, STANDALONE, HYBRID")
+        ap.error(f"--algorithms: unknown {sorted(unknown)}; of {', '.join(ALGORITHMS)}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from transformers import AutoTokenizer
@@ -155,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(name, bs) for name in chosen for bs in sizes]
     bar = tqdm(total=len(jobs), desc="worker overhead", unit="job")
     for name, extra in chosen.items():
-        server_env = dict(env)
+        server_env = {**env, **CONFIG_ENV.get(name, {})}
         if args.profile_dir is not None:
             args.profile_dir.mkdir(parents=True, exist_ok=True)
             server_env["SPEC_EXT_BENCH_PROFILE"] = str(args.profile_dir / f"{name}.prof")

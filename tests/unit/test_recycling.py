@@ -145,3 +145,25 @@ def test_recycler_drafts_what_the_target_said_and_learns_from_commits():
     off = Recycler(RecycleConfig(k=0))
     suffix = DraftTree(tokens=[1, 2, 3], parents=[-1, 0, 1], probs=[0.9, 0.8, 0.7], score=2.4)
     assert off.draft(["r"], [""], [10], [suffix], 2)[0].tokens == [1, 2]
+
+
+def test_merge_ranks_by_calibrated_estimates_and_emits_raw_probabilities():
+    """The suffix draft's raw probabilities say 0.9 for a node its calibration says is 0.1:
+    the recycled node (0.45) outranks it, and the tree carries the raw values (what the
+    draft gate calibrates from)."""
+    suffix = DraftTree(tokens=[2], parents=[-1], probs=[0.9], score=0.9, match_len=1)
+    recycled = DraftTree(tokens=[5], parents=[-1], probs=[0.45], score=0.45,
+                         origins=[RECYCLED_NODE])  # fmt: skip
+    merged = merge_trees(suffix, np.array([0.1]), recycled, 1)
+    assert merged.tokens == [5] and merged.probs == [0.45]
+    both = merge_trees(suffix, np.array([0.1]), recycled, 2)
+    assert both.tokens == [2, 5] and both.probs == [0.9, 0.45]
+
+
+def test_a_narrower_row_leaves_no_stale_successors_and_the_last_repeat_wins():
+    t = RecyclingTable(k=3)
+    t.feed("", np.array([4]), np.array([[9, 9, 9]]))
+    t.feed("", np.array([4]), np.array([[8]]))
+    assert t.rows("", np.array([4])).tolist() == [[8, -1, -1]]
+    t.feed("", np.array([4, 6, 4]), np.array([[1, 1, 1], [2, 2, 2], [3, 3, 3]]))
+    assert t.rows("", np.array([4, 6])).tolist() == [[3, 3, 3], [2, 2, 2]]
