@@ -19,9 +19,9 @@ host's step:
   transitions teach the rank rates.
 * drafting merges each request's suffix draft with a recycled one (``_recycle_merge``).
 
-Under TP every rank computes the same top-k (the logits are gathered) from the same
-drafts (the first rank's), so the tables agree without a collective. Grammar requests keep
-their grammar-shaped suffix drafts (not merged).
+Under TP every rank verifies the first rank's drafts (``tp_sync.py``), so only the first
+rank's table decides what is drafted; each rank feeds its own from the gathered logits,
+with no collective. Grammar requests keep their grammar-shaped suffix drafts (not merged).
 """
 
 from __future__ import annotations
