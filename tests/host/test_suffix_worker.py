@@ -52,12 +52,15 @@ def test_worker_overrides_only_the_draft_source():
         "clear_cache_pool",
     ):
         assert callable(getattr(NGRAMWorker, name, None)), name
-    # Our forward only adds plain decode steps (no draft for any request of a batch,
-    # plain_step.py); every other step is the host's NGRAM step.
+    # Our step only adds plain decode steps (no draft for any request of a batch,
+    # plain_step.py); every other step is the host's NGRAM step. The forward around it adds
+    # the recycled source's top-k tap after the step (suffix_sources.py).
     import inspect
 
-    source = inspect.getsource(SuffixWorker.forward_batch_generation)
+    source = inspect.getsource(SuffixWorker._step)
     assert "return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)" in source
+    outer = inspect.getsource(SuffixWorker.forward_batch_generation)
+    assert "self._step(" in outer and "self._recycle_tap(" in outer
 
 
 @pytest.fixture
