@@ -84,6 +84,23 @@ class Recycler:
         if last is not None and len(last) and self._learns_calibration:
             self._pending.append((last, list(committed)))
 
+    def observe_many(self, items: Sequence[tuple[Hashable, Hashable, int, Sequence[int]]]) -> None:
+        """:meth:`observe` of a step's ``(rid, scope, before, committed)``, one table
+        lookup per scope."""
+        by_scope: dict[Hashable, list[np.ndarray]] = {}
+        for rid, scope, before, committed in items:
+            if not committed:
+                continue
+            seq = np.fromiter((before, *committed), dtype=np.int64, count=len(committed) + 1)
+            by_scope.setdefault(scope, []).append(seq)
+            last = self._last.pop(rid, None)
+            if last is not None and len(last) and self._learns_calibration:
+                self._pending.append((last, list(committed)))
+        for scope, seqs in by_scope.items():
+            prev = np.concatenate([q[:-1] for q in seqs])
+            nxt = np.concatenate([q[1:] for q in seqs])
+            self.rates.observe(self.table.rows(scope, prev), nxt)
+
     def forget(self, rid: Hashable) -> None:
         """``rid`` left (finished, aborted): its last draft is no longer labelled."""
         self._last.pop(rid, None)

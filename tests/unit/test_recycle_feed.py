@@ -61,6 +61,7 @@ def test_only_the_root_and_accepted_rows_are_fed_at_the_verify_width(monkeypatch
     # a committed its whole draft and a bonus; b's draft was rejected
     w._on_committed("a", w._scope_of(reqs[0]), 4, [5, 6, 9])
     w._on_committed("b", w._scope_of(reqs[1]), 3, [8])
+    w._recycle_flush()  # what the next step's drafting does first
     table = w._recycler.table
     scope_a, scope_b = w._scope_of(reqs[0]), w._scope_of(reqs[1])
     assert table.rows(scope_a, np.array([4, 5, 6]))[:, 0].tolist() == [40, 41, 42]
@@ -77,11 +78,13 @@ def test_a_plain_step_feeds_the_roots_only_and_a_stale_root_feeds_nothing():
     # a plain decode step: one logits row per request
     w._recycle_tap(None, SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=_logits(1, {0: 33}))))  # fmt: skip
     w._on_committed("a", w._scope_of(_req("a")), 4, [33])
+    w._recycle_flush()
     assert w._recycler.table.rows(w._scope_of(_req("a")), np.array([4]))[0, 0] == 33
     assert w._recycler.table.rows(w._scope_of(_req("a")), np.array([5]))[0, 0] == -1
     w._recycle_record([_req("a")], ["a"], [33], [tree])
     w._recycle_tap(None, SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=_logits(4, {0: 50}))))  # fmt: skip
     w._on_committed("a", w._scope_of(_req("a")), 12, [13])  # not after that step's root
+    w._recycle_flush()
     assert w._recycler.table.rows(w._scope_of(_req("a")), np.array([33]))[0, 0] == -1
 
 
@@ -89,3 +92,31 @@ def test_the_switch_turns_the_source_off():
     w = SimpleNamespace(_isolation="scoped")
     DraftSourcesMixin._init_recycle(w, load_config({"SGLANG_SPEC_EXT_RECYCLE_TOPK": "0"}))
     assert w._recycler is None
+
+
+def test_rows_not_fed_before_the_next_tap_are_dropped_not_misread():
+    w = _Worker()
+    tree = DraftTree(tokens=[5], parents=[-1], probs=[0.5], score=0.5)
+    w._recycle_record([_req("a")], ["a"], [4], [tree])
+    w._recycle_tap(None, SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=_logits(2, {0: 40, 1: 41}))))  # fmt: skip
+    w._on_committed("a", w._scope_of(_req("a")), 4, [5, 6])
+    # no drafting in between (a faulted step): the next step's top-k replaces the rows
+    w._recycle_tap(None, SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=_logits(2, {0: 50, 1: 51}))))  # fmt: skip
+    w._recycle_flush()
+    assert w._recycler.table.rows(w._scope_of(_req("a")), np.array([4, 5]))[:, 0].tolist() == [
+        -1,
+        -1,
+    ]
+
+
+def test_observe_many_learns_what_observe_learns():
+    from sglang_spec_ext.suffix.recycler import Recycler
+
+    one, many = Recycler(), Recycler()
+    for r in (one, many):
+        r.feed("s", np.array([1, 2, 3]), np.array([[2] * 8, [3] * 8, [9] * 8]))
+    items = [("a", "s", 1, [2, 3, 4]), ("b", "s", 2, [7]), ("c", "t", 1, [2])]
+    for it in items:
+        one.observe(*it)
+    many.observe_many(items)
+    assert one.rates.seen == many.rates.seen and (one.rates.hits == many.rates.hits).all()

@@ -85,7 +85,7 @@ class DraftSourcesMixin:
                 trees[i] = tree
         if shaped:
             trees = self._grammar.shape_batch(reqs, trees, slots, matchers, prevs)
-        if roots is not None and plain:
+        if roots is not None:
             trees = self._recycle_merge(reqs, rids, roots, trees, slots, plain)
         return trees
 
@@ -100,6 +100,8 @@ class DraftSourcesMixin:
         self._recycle_topk: torch.Tensor | None = None  # the last step's, on the host
         self._recycle_event: Any = None
         self._recycle_skipped = 0  # steps whose logits rows did not match their drafts
+        self._recycle_seen: list[tuple[Hashable, Hashable, int, list[int]]] = []
+        self._recycle_feeds: dict[Hashable, tuple[list[int], list[int]]] = {}
 
     # -- drafting ------------------------------------------------------------------
     def _recycle_merge(
@@ -116,6 +118,7 @@ class DraftSourcesMixin:
         rec = self._recycler
         if rec is None:
             return trees
+        self._recycle_flush()
         if plain:  # noqa: SIM102 - one branch per source
             scopes = [self._scope_of(reqs[i]) for i in plain]
             merged = rec.draft(
@@ -158,6 +161,7 @@ class DraftSourcesMixin:
         rec = self._recycler
         if rec is None:
             return
+        self._recycle_feeds = {}  # rows of the previous top-k not fed by now never will be
         logits = getattr(getattr(result, "logits_output", None), "next_token_logits", None)
         bs = len(step)
         if logits is None or not bs or logits.dim() != 2:
@@ -187,31 +191,50 @@ class DraftSourcesMixin:
 
     # -- at the next step: what was committed, the feed --------------------------------
     def _on_committed(self, rid: Hashable, scope: Hashable, before: int, new: list[int]) -> None:
-        """``rid`` committed ``new`` after ``before``: the rank rates learn the transitions,
-        and the rows of its last step on the target's path are fed to its scope."""
-        rec = self._recycler
-        if rec is None or not new:
+        """``rid`` committed ``new`` after ``before``: queued for :meth:`_recycle_flush` (the
+        rank rates learn the transitions; the rows of its last step on the target's path
+        are fed to that step's scope)."""
+        if self._recycler is None or not new:
             return
-        rec.observe(rid, scope, before, new)
+        self._recycle_seen.append((rid, scope, before, list(new)))
         entry = self._recycle_rows.pop(rid, None)
         if entry is None or self._recycle_topk is None:
             return
         row, tree, root, step_scope = entry
         if root != before:
             return  # not the step these tokens came from
-        if self._recycle_event is not None:
-            self._recycle_event.synchronize()  # already complete: the relay read waited
-            self._recycle_event = None
         path = accepted_path(tree, new)
         # The root's and the accepted nodes' rows: the target's own path, what the replay
         # feeds from a trace. (Feeding the rejected nodes' rows too moved nothing measurable
         # on SmolLM2 first-time chat, 1.25 against 1.24 accept length, and would leave the
         # replay inexact.)
-        rows = np.array([row] + [row + 1 + j for j in path], dtype=np.int64)
-        tokens = np.array([root] + [tree.tokens[j] for j in path], dtype=np.int64)
+        rows = [row] + [row + 1 + j for j in path]
+        tokens = [root] + [tree.tokens[j] for j in path]
+        self._recycle_feeds.setdefault(step_scope, ([], []))
+        self._recycle_feeds[step_scope][0].extend(rows)
+        self._recycle_feeds[step_scope][1].extend(tokens)
+
+    def _recycle_flush(self) -> None:
+        """The step's observations, then its feeds, each batched per scope: what the
+        requests committed teaches the rank rates against the table they were drafted
+        from, then the table takes the rows of the target's path."""
+        rec = self._recycler
+        seen, self._recycle_seen = self._recycle_seen, []
+        feeds, self._recycle_feeds = self._recycle_feeds, {}
+        if rec is None:
+            return
+        if seen:
+            rec.observe_many(seen)
+        if not feeds or self._recycle_topk is None:
+            return
+        if self._recycle_event is not None:
+            self._recycle_event.synchronize()  # already complete: the relay read waited
+            self._recycle_event = None
         top = self._recycle_topk.numpy()
-        if rows[-1] < top.shape[0]:
-            rec.feed(step_scope, tokens, top[rows])
+        for scope, (rows, tokens) in feeds.items():
+            idx = np.asarray(rows, dtype=np.int64)
+            if idx.size and int(idx.max()) < top.shape[0]:
+                rec.feed(scope, np.asarray(tokens, dtype=np.int64), top[idx])
 
     def _recycle_forget(self, rid: Hashable) -> None:
         if self._recycler is not None:
