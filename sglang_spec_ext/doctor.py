@@ -136,6 +136,15 @@ def _check_config(rep: _Report) -> None:
     mem = cfg.suffix_memory()
     rep.data["suffix_memory_bound_bytes"] = mem.total
     rep.line("ok", f"suffix drafter memory bound: {mem.describe()}")
+    if cfg.recycle_topk:
+        per_vocab = cfg.recycle_max_scopes * cfg.recycle_topk * 4
+        rep.data["recycle_table_bytes_per_vocab_entry"] = per_vocab
+        rep.line(
+            "ok",
+            f"recycled top-k tables <= {cfg.recycle_max_scopes} scopes x vocabulary x "
+            f"{cfg.recycle_topk} x 4 bytes ({per_vocab * 152064 / (1 << 20):.1f} MiB at a "
+            "152k vocabulary; SGLANG_SPEC_EXT_RECYCLE_TOPK=0 turns the source off)",
+        )
 
 
 NATIVE_FIX = (

@@ -35,12 +35,13 @@ class RecycleConfig:
     """``k``: successors kept per token (0 turns the source off); ``max_scopes``: tables
     kept (one per tenant scope, least recently used evicted); ``min_prob``: recycled
     nodes below this estimated path acceptance are not drafted; ``max_depth``: deepest
-    recycled node."""
+    recycled node; ``vocab_size``: the served model's, the largest table a scope gets."""
 
     k: int = 8
     max_scopes: int = 16
     min_prob: float = 0.02
     max_depth: int = 12
+    vocab_size: int = 0  # the served model's (0: unknown; tables grow to 2^20 ids at most)
 
     @property
     def enabled(self) -> bool:
@@ -58,7 +59,8 @@ class Recycler:
         labelled here with each request's last suffix draft."""
         self.config = config or RecycleConfig()
         k = max(1, self.config.k)
-        self.table = RecyclingTable(k, self.config.max_scopes)
+        vocab = self.config.vocab_size
+        self.table = RecyclingTable(k, self.config.max_scopes, vocab if vocab > 0 else 1 << 20)
         self.rates = RankRates(k)
         self._learns_calibration = calibration is None
         self.suffix_calibration = calibration if calibration is not None else NodeCalibration()

@@ -26,6 +26,7 @@ with no collective. Grammar requests keep their grammar-shaped suffix drafts (no
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -91,6 +92,9 @@ class DraftSourcesMixin:
 
     def _init_recycle(self, config: Any) -> None:
         rc = config.recycle_config()
+        runner = getattr(self, "model_runner", None)  # absent for a drafting-only worker
+        vocab = getattr(getattr(runner, "model_config", None), "vocab_size", 0) or 0
+        rc = dataclasses.replace(rc, vocab_size=int(vocab))
         # its own calibration of the suffix nodes, as in the replay (the draft gate's
         # labels every draft only under ragged verify)
         self._recycler: Recycler | None = Recycler(rc) if rc.enabled else None
