@@ -152,6 +152,7 @@ class PluginConfig:
     max_scope_tokens: int = 0
     max_corpus_tokens: int = 1_000_000
     snapshot_path: str = ""
+    snapshot_peers: str = ""
     snapshot_interval_s: float = 300.0
     hybrid_draft: str = "auto"
     hybrid_policy: str = "learned"
@@ -261,6 +262,17 @@ def load_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
             f"{_FIELD_BY_NAME['draft_kv_repair'].env}=1 needs "
             f"{_FIELD_BY_NAME['adaptive'].env}=1 (only the adaptive controller chooses zero "
             "draft steps, the only steps the repair changes)"
+        )
+    if values["snapshot_peers"] and not values["snapshot_path"]:
+        raise ConfigError(
+            f"{_FIELD_BY_NAME['snapshot_peers'].env}={values['snapshot_peers']!r} needs "
+            f"{_FIELD_BY_NAME['snapshot_path'].env} (this replica's own snapshot, e.g. a file "
+            "in that directory): the peers' files are checked against it and loaded with it"
+        )
+    if values["snapshot_peers"] and not os.path.isdir(values["snapshot_peers"]):
+        raise ConfigError(
+            f"{_FIELD_BY_NAME['snapshot_peers'].env}={values['snapshot_peers']!r} is not a "
+            "directory: name the directory the replicas' snapshot files are in"
         )
     options = _adaptive_options(env, file_values)
     return PluginConfig(**values, sources=sources, adaptive_options=options)

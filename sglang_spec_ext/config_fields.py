@@ -325,6 +325,14 @@ FIELDS: tuple[Field, ...] = (
         "to it periodically and at shutdown (empty: off)",
     ),
     Field(
+        "snapshot_peers",
+        str,
+        "",
+        "a directory replicas share, holding each replica's SNAPSHOT_PATH: at start-up a "
+        "replica loads every peer's snapshot there before its own (empty: off; needs "
+        "SNAPSHOT_PATH)",
+    ),
+    Field(
         "snapshot_interval_s",
         float,
         300.0,

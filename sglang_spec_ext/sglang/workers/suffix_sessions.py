@@ -105,6 +105,10 @@ class DrafterSessionsMixin:
 
             self._snapshots = SnapshotKeeper.from_plugin_config(config, snapshot_identity(self))
             if self._snapshots is not None:
+                if config.snapshot_peers:  # replicas sharing a directory (snapshot_peers.py)
+                    from sglang_spec_ext.sglang.serving.snapshot_peers import load_peer_snapshots
+
+                    load_peer_snapshots(self._snapshots, self.drafter, config.snapshot_peers)
                 self._snapshots.load_into(self.drafter)
 
     # -- what each request committed -------------------------------------------------
