@@ -36,7 +36,12 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def servers(tiny_model_dir, tiny_baseline_server, start_module_server):
-    env = {"SGLANG_SPEC_EXT_MAX_CORPUS_TOKENS": str(MAX_CORPUS_TOKENS)}
+    # Without the recycled top-k: its rank rates and suffix calibration are learned from
+    # every tenant's steps (aggregate figures, no tenant's tokens), so a fresh tenant's
+    # verify-step counts would drift from an earlier fresh tenant's; these tests compare
+    # them exactly (corpora and scopes, not the recycled source: test_recycle_serving.py).
+    env = {"SGLANG_SPEC_EXT_MAX_CORPUS_TOKENS": str(MAX_CORPUS_TOKENS),
+           "SGLANG_SPEC_EXT_RECYCLE_TOPK": "0"}  # fmt: skip
     spec = start_module_server(
         tiny_model_dir,
         "--speculative-algorithm",
