@@ -36,6 +36,7 @@ import torch
 
 from sglang_spec_ext.suffix.draft import DraftTree
 from sglang_spec_ext.suffix.recycler import Recycler
+from sglang_spec_ext.suffix.scopes import scope_key
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -43,13 +44,13 @@ logger = logging.getLogger("sglang_spec_ext")
 def accepted_path(tree: DraftTree, committed: Sequence[int]) -> list[int]:
     """Indices of ``tree``'s nodes on the target's path: node by node, the child of the
     last matched node (the root first) whose token is the next committed token."""
+    if not tree.tokens:
+        return []
+    child = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens, strict=True))}
     path: list[int] = []
     parent = -1
     for tok in committed:
-        nxt = next(
-            (i for i, t in enumerate(tree.tokens) if t == tok and tree.parents[i] == parent),
-            None,
-        )
+        nxt = child.get((parent, int(tok)))
         if nxt is None:
             break
         path.append(nxt)
@@ -149,8 +150,9 @@ class DraftSourcesMixin:
         }
 
     def _scope_of(self, req: Any) -> Hashable:
-        from sglang_spec_ext.suffix.scopes import scope_key
-
+        session = getattr(self, "_sessions", {}).get(req.rid)
+        if session is not None:  # computed when its session started (suffix_sessions.py)
+            return session.scope
         return scope_key(
             getattr(req, "cache_salt", None),
             getattr(req, "extra_key", None),
