@@ -372,7 +372,11 @@ def attention_reference(
         for i in range(n):
             low = -1 if window is None else int(qpos[b * n + i]) - window
             keys = [s for j, s in enumerate(slots[:p]) if j >= low]
-            keys += [s for j, s in enumerate(slots[p:]) if visible[b, i, j]]
+            keys += [
+                s
+                for j, s in enumerate(slots[p:])
+                if visible[b, i, j] and (window is None or int(qpos[b * n + j]) >= low)
+            ]  # a draft key at its own position, windowed as the prefix's
             for h in range(heads):
                 kh = h // (heads // kv_heads)
                 logits = [
@@ -404,8 +408,9 @@ def test_tree_verify_attention(bs, shape, heads, kv_heads):
     got = tree_verify_attention(*args, scaling=0.3)
     torch.testing.assert_close(got.double(), attention_reference(*args, 0.3), rtol=1e-4, atol=1e-5)
     qpos = torch.cat([int(seq_lens[b]) + visible[b].sum(-1) - 1 for b in range(bs)])
-    got = tree_verify_attention(*args, scaling=0.3, query_positions=qpos, sliding_window=3)
-    want = attention_reference(*args, 0.3, 3, qpos)
-    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+    for window in (3, 1):  # 1: shorter than the drafts, whose first tokens fall out of it
+        got = tree_verify_attention(*args, scaling=0.3, query_positions=qpos, sliding_window=window)
+        want = attention_reference(*args, 0.3, window, qpos)
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
     chain = draft_masks(None, seq_lens, n, chain=True)  # tree_topk == 1: causal drafts
     assert torch.equal(chain, torch.ones(n, n, dtype=torch.bool).tril().expand(bs, n, n))

@@ -76,8 +76,9 @@ def tree_verify_attention(
     ``q``: ``[bs * n, heads, head_dim]``; ``k_cache``/``v_cache``: ``[slots, kv_heads,
     dim]``; ``prefix_slots[b]``: the KV slots of request ``b``'s committed tokens;
     ``draft_slots``: ``[bs, n]`` KV slots of the drafts; ``visible``: ``[bs, n, n]``.
-    With ``sliding_window``, a prefix token at position ``p`` is seen by a query at
-    position ``qp`` only if ``p >= qp - sliding_window``. Returns ``[bs * n, heads,
+    With ``sliding_window``, a key at position ``p`` (a prefix token, or a draft ancestor
+    at its own position) is seen by a query at position ``qp`` only if
+    ``p >= qp - sliding_window``. Returns ``[bs * n, heads,
     v_dim]``.
 
     Ragged verify (``lens``, ``sglang/verify/ragged.py``): request ``b`` verifies only its
@@ -110,9 +111,12 @@ def tree_verify_attention(
         mask = torch.ones((n, prefix + n), dtype=torch.bool, device=q.device)
         mask[:, prefix:] = visible[b, :n, :n]
         if sliding_window is not None and sliding_window > -1 and query_positions is not None:
-            qpos = query_positions[lo : lo + n].to(torch.int64)[:, None]
+            qpos = query_positions[lo : lo + n].to(torch.int64)
             kpos = torch.arange(prefix, device=q.device)[None, :]
-            mask[:, :prefix] &= kpos >= qpos - sliding_window
+            mask[:, :prefix] &= kpos >= qpos[:, None] - sliding_window
+            # the draft keys too: a draft longer than the window leaves its own first
+            # tokens behind (a draft token's position is its query's)
+            mask[:, prefix:] &= qpos[None, :] >= qpos[:, None] - sliding_window
         query = q[lo : lo + n].movedim(0, 1)  # [heads, n, dim]
         result = scaled_dot_product_attention(
             query.unsqueeze(0),
