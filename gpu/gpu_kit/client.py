@@ -15,10 +15,16 @@ from typing import Any
 
 import requests
 
+#: Seconds a request may wait for the server's next bytes (``gpu/run`` sets it from
+#: ``request_timeout_s``): a server that stays up but never answers costs this much per
+#: request, not the stage.
+TIMEOUT_S = 300.0
+
 
 def generate(
-    url: str, input_ids: Sequence[int], max_new_tokens: int, timeout_s: float = 300.0, **extra: Any
-) -> dict[str, Any]:
+    url: str, input_ids: Sequence[int], max_new_tokens: int, timeout_s: float | None = None,
+    **extra: Any,
+) -> dict[str, Any]:  # fmt: skip
     """One greedy ``/generate`` (``ignore_eos``: exactly ``max_new_tokens`` tokens)."""
     payload = {
         "input_ids": list(input_ids),
@@ -26,7 +32,7 @@ def generate(
                             "ignore_eos": True},
         **extra,
     }  # fmt: skip
-    r = requests.post(url + "/generate", json=payload, timeout=timeout_s)
+    r = requests.post(url + "/generate", json=payload, timeout=timeout_s or TIMEOUT_S)
     r.raise_for_status()
     return r.json()
 
@@ -57,7 +63,7 @@ def _stream(url: str, input_ids: Sequence[int], max_new_tokens: int, t0: float) 
         "stream": True,
     }  # fmt: skip
     times, tokens, last_len = [], [], 0
-    with requests.post(url + "/generate", json=payload, stream=True, timeout=300) as r:
+    with requests.post(url + "/generate", json=payload, stream=True, timeout=TIMEOUT_S) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line or not line.startswith(b"data:"):

@@ -1,30 +1,46 @@
-"""Stages under one time guard, each failure recorded with its stage name and error tail,
-results written as they arrive (one JSON file, rewritten after every change)."""
+"""Stages under a time guard: one budget for the run and a cap per stage. A stage that
+fails is recorded (stage name, error, traceback tail) and the next one runs; a stage that
+reaches its cap is cut there (its partial figures stay) and the next one runs; when the
+run's budget is spent, the stage in flight is cut and the rest are recorded as skipped.
+
+Results are written as they arrive (:class:`gpu_kit.results.Results`), so a call that is
+killed still returns what it measured."""
 
 from __future__ import annotations
 
-import json
-import os
+import math
 import signal
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from gpu_kit.results import Results
 
 
 class TimeUp(BaseException):
-    """The global time guard fired (a BaseException: stages cannot swallow it)."""
+    """The run's budget is spent, or the run was told to stop (SIGTERM). A BaseException:
+    stages cannot swallow it."""
+
+
+class StageCapped(BaseException):
+    """The stage in flight reached its own cap (the run goes on with the next stage)."""
 
 
 class Budget:
-    """Seconds left of the run; ``arm`` makes SIGALRM raise :class:`TimeUp` at the end."""
+    """Seconds left of the run. ``arm(stage_end)`` makes SIGALRM raise, at the earlier of
+    the run's end (:class:`TimeUp`) and ``stage_end`` (:class:`StageCapped`); both are
+    seconds since the start. SIGTERM raises :class:`TimeUp` (the outer ``timeout`` sends
+    it), so the wrap-up still stops the servers and writes the logs."""
 
     def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.t0 = clock()
         self.seconds = seconds
+        self._cause: type[BaseException] = TimeUp
+        self._why = ""
+        self.terminated = False  # SIGTERM arrived: the wrap-up keeps to the essentials
 
     def elapsed(self) -> float:
         return self.clock() - self.t0
@@ -32,42 +48,27 @@ class Budget:
     def left(self) -> float:
         return self.seconds - self.elapsed()
 
-    def arm(self) -> None:
-        def _fire(signum: int, frame: object) -> None:
-            raise TimeUp(f"time guard: {self.seconds:.0f} s budget spent")
+    def _fire(self, signum: int, frame: object) -> None:
+        raise self._cause(self._why)
 
-        signal.signal(signal.SIGALRM, _fire)
-        signal.setitimer(signal.ITIMER_REAL, max(0.01, self.left()))
+    def _term(self, signum: int, frame: object) -> None:
+        self.terminated = True
+        raise TimeUp("terminated (SIGTERM): the outer timeout or the device tool stopped the run")
+
+    def arm(self, stage_end: float | None = None, stage: str = "") -> None:
+        end = self.seconds
+        self._cause, self._why = TimeUp, f"time guard: {self.seconds:.0f} s budget spent"
+        if stage_end is not None and stage_end < self.seconds:
+            end = stage_end
+            self._cause = StageCapped
+            self._why = f"stage cap: {stage} cut after {stage_end - self.elapsed():.0f} s"
+        signal.signal(signal.SIGALRM, self._fire)
+        signal.signal(signal.SIGTERM, self._term)
+        signal.setitimer(signal.ITIMER_REAL, max(0.01, end - self.elapsed()))
 
     @staticmethod
     def disarm() -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
-
-
-class Results:
-    """``results.json`` in the output folder, rewritten atomically after every update."""
-
-    def __init__(self, out: Path, meta: dict[str, Any] | None = None) -> None:
-        self.out = out
-        self.path = out / "results.json"
-        self.data: dict[str, Any] = {"meta": meta or {}, "stages": {}, "order": []}
-        out.mkdir(parents=True, exist_ok=True)
-        self.flush()
-
-    def stage(self, name: str) -> dict[str, Any]:
-        if name not in self.data["stages"]:
-            self.data["stages"][name] = {}
-            self.data["order"].append(name)
-        return self.data["stages"][name]
-
-    def update(self, name: str, **values: Any) -> None:
-        self.stage(name).update(values)
-        self.flush()
-
-    def flush(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, default=str))
-        os.replace(tmp, self.path)
 
 
 def tail(text: str, lines: int = 30, chars: int = 4000) -> str:
@@ -79,6 +80,7 @@ class Stage:
     """One stage: ``fn(ctx, record)`` fills ``record`` (a dict) as it goes.
 
     ``min_seconds``: not started with less budget left (recorded as skipped);
+    ``cap_seconds``: cut after this long (None: only the run's budget bounds it);
     ``needs``: stages that must have passed first (else skipped, naming them)."""
 
     name: str
@@ -86,7 +88,13 @@ class Stage:
     min_seconds: float = 30.0
     needs: tuple[str, ...] = ()
     doc: str = ""
+    cap_seconds: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _skip(results: Results, status: dict[str, str], name: str, reason: str) -> None:
+    status[name] = "skipped"
+    results.update(name, status="skipped", reason=reason)
 
 
 def run_stages(
@@ -98,9 +106,10 @@ def run_stages(
     log: Callable[[str], None] = print,
 ) -> dict[str, str]:
     """Runs each stage in order under the guard; returns stage -> status (passed, failed,
-    skipped, time-up). A failure is recorded (error, traceback tail, what ``ctx``
-    adds through ``failure_details``) and the next stage runs; :class:`TimeUp` stops the
-    run after recording where it struck. ``cleanup`` runs after every stage."""
+    capped, time-up, skipped). A failure is recorded (error, traceback tail, what ``ctx``
+    adds through ``failure_details``) and the next stage runs; so does a stage cut at its
+    cap; :class:`TimeUp` stops the run after recording where it struck. ``cleanup`` runs
+    after every stage that started (under the run's budget only)."""
     status: dict[str, str] = {}
     budget.arm()
     try:
@@ -109,45 +118,49 @@ def run_stages(
             record["doc"] = stage.doc
             missing = [n for n in stage.needs if status.get(n) != "passed"]
             if missing:
-                status[stage.name] = "skipped"
-                results.update(stage.name, status="skipped", reason=f"needs {missing}")
+                _skip(results, status, stage.name, f"needs {missing}")
                 log(f"[run] {stage.name}: skipped (needs {missing})")
                 continue
             if budget.left() < stage.min_seconds:
-                status[stage.name] = "skipped"
-                results.update(
-                    stage.name,
-                    status="skipped",
-                    reason=f"time: {budget.left():.0f} s left, stage needs "
-                    f">= {stage.min_seconds:.0f} s",
-                )
+                _skip(results, status, stage.name, f"time: {budget.left():.0f} s left, "
+                      f"stage needs >= {stage.min_seconds:.0f} s")  # fmt: skip
                 log(f"[run] {stage.name}: skipped (time)")
                 continue
             t0 = budget.elapsed()
-            results.update(stage.name, status="running", started_s=round(t0, 1))
-            log(f"[run] {stage.name}: start at {t0:.0f} s ({budget.left():.0f} s left)")
+            cap = stage.cap_seconds if stage.cap_seconds is not None else math.inf
+            results.current = stage.name
+            results.update(stage.name, status="running", started_s=round(t0, 1),
+                           cap_s=None if math.isinf(cap) else round(min(cap, budget.left()), 1))  # fmt: skip
+            log(f"[run] {stage.name}: start at {t0:.0f} s ({budget.left():.0f} s left, "
+                f"cap {cap if math.isinf(cap) else round(min(cap, budget.left()))} s)")  # fmt: skip
             try:
+                budget.arm(t0 + cap, stage.name)
                 stage.fn(ctx, record)
                 status[stage.name] = "passed"
+            except StageCapped as exc:
+                status[stage.name] = "capped"
+                record.update(status="capped", error=str(exc))
             except TimeUp as exc:
                 status[stage.name] = "time-up"
                 record.update(status="time-up", error=str(exc))
                 raise
             except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
                 status[stage.name] = "failed"
-                record.update(
-                    status="failed",
-                    error=f"{type(exc).__name__}: {exc}"[:2000],
-                    traceback=tail(traceback.format_exc(), 40),
-                )
+                record.update(status="failed", error=f"{type(exc).__name__}: {exc}"[:2000],
+                              traceback=tail(traceback.format_exc(), 40))  # fmt: skip
                 details = getattr(ctx, "failure_details", None)
                 if details is not None:
                     record["details"] = details()
                 log(f"[run] {stage.name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
             finally:
+                if budget.left() > 0:
+                    budget.arm()  # the stage's cap no longer applies; the run's budget does
+                else:
+                    budget.disarm()
                 if record.get("status") == "running":
                     record["status"] = "passed"
                 record["seconds"] = round(budget.elapsed() - t0, 1)
+                results.current = None
                 try:
                     cleanup()
                 except Exception as exc:  # noqa: BLE001
@@ -157,8 +170,7 @@ def run_stages(
     except TimeUp:
         for stage in stages:
             if stage.name not in status:
-                status[stage.name] = "skipped"
-                results.update(stage.name, status="skipped", reason="time guard fired")
+                _skip(results, status, stage.name, "time guard fired")
     finally:
         budget.disarm()
         results.data["meta"]["status"] = status

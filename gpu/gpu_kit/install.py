@@ -18,6 +18,7 @@ from typing import Any
 
 from gpu_kit.pins import GPU_DIR, REPO
 from gpu_kit.servers import ServerSpec
+from gpu_kit.warm import carry_stamp
 
 SHIMS = GPU_DIR / "shims"
 PROBE_SITE = GPU_DIR / "probe_site"
@@ -29,8 +30,13 @@ GPU_ENV: dict[str, str] = {
     # The carried radix tree's Rust core rejected the int64 KV indices of a CUDA tensor
     # ("insert value must be an int64 tensor, got Int8") under the image's torch 2.11
     # (sglang pins 2.14.1): every bf16 server died at its first finished request in the
-    # second GPU run. The host's own Python tree core instead.
+    # second GPU run, and the CPU rehearsal on torch 2.11 reproduced it ("Rust TreeCore
+    # panicked: ... UnknownKind(16)"): the core links libtorch, built against 2.14. The
+    # host's own Python tree core instead.
     "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
+    # /health without a generation (http_server.health_generate): readiness is "up and
+    # serving"; the kit's own first request then tests prefill/decode/verify, timed apart.
+    "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "PYTHONUNBUFFERED": "1",
@@ -57,8 +63,10 @@ class Layout:
     plugin_site: Path = field(init=False)
     models: Path = field(init=False)
     logs: Path = field(init=False)
+    cache: Path = field(init=False)
     jit_cache: Path = field(init=False)
     triton_cache: Path = field(init=False)
+    pids: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.site = self.work / "site"
@@ -66,23 +74,44 @@ class Layout:
         self.plugin_site = self.work / "plugin"
         self.models = self.work / "models"
         self.logs = self.work / "logs"
-        self.jit_cache = self.work / "cache" / "sglang-jit"
-        self.triton_cache = self.work / "cache" / "triton"
+        self.cache = self.work / "cache"
+        self.jit_cache = self.cache / "sglang-jit"
+        self.triton_cache = self.cache / "triton"
+        self.pids = self.work / "servers.pids"
+
+    def cache_env(self) -> dict[str, str]:
+        """Every compile cache a server fills, under ``cache/`` (kept on a warm machine,
+        packed by ``--save-jit-cache``, unpacked from the carry's ``jit-cache.tar.xz``)."""
+        return {
+            "SGLANG_JIT_CACHE_DIR": str(self.jit_cache),  # sglang's tvm-ffi + nvcc kernels
+            "TRITON_CACHE_DIR": str(self.triton_cache),
+            # tvm-ffi's own builds (none expected: torch 2.11 has the DLPack exchange API)
+            "TVM_FFI_CACHE_DIR": str(self.cache / "tvm-ffi"),
+            "TORCHINDUCTOR_CACHE_DIR": str(self.cache / "inductor"),  # HYBRID's compiled helpers
+        }
 
 
-def extract_carry(layout: Layout) -> dict[str, Any]:
+def extract_carry(layout: Layout, reuse_stamp: str | None = None) -> dict[str, Any]:
     """Unpack ``site.tar.xz``, ``sgl_kernel.tar.xz`` and a previous run's
-    ``jit-cache.tar.xz`` (each where present); seconds and sizes per archive."""
+    ``jit-cache.tar.xz`` (each where present); seconds and sizes per archive. On a warm
+    machine (``reuse_stamp`` equal to the carry's stamp and the site there) the archives
+    are not unpacked again, nor the JIT cache over a cache already filled."""
     layout.work.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {}
+    report: dict[str, Any] = {"stamp": carry_stamp(layout.carry)}
+    reuse = reuse_stamp is not None and reuse_stamp == report["stamp"] and layout.site.is_dir()
     for archive, dest in (
         ("site.tar.xz", layout.work),
         ("sgl_kernel.tar.xz", layout.work),
-        ("jit-cache.tar.xz", layout.work / "cache"),
+        ("jit-cache.tar.xz", layout.cache),
     ):
         path = layout.carry / archive
         if not path.is_file():
             report[archive] = "absent"
+            continue
+        if (reuse and archive != "jit-cache.tar.xz") or (
+            archive == "jit-cache.tar.xz" and layout.jit_cache.is_dir()
+        ):
+            report[archive] = "kept from the previous call (warm machine)"
             continue
         dest.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
@@ -195,13 +224,17 @@ def kernel_probe_code() -> str:
     )
 
 
-def pythonpath(layout: Layout, spec: ServerSpec | None, kernel: str, dry: bool) -> list[str]:
-    """PYTHONPATH of a server: probe site, carried site (lent machine), sgl_kernel
-    (``carried`` or ``fallback``), the plugin (where the spec wants it), common shims
-    last (a real package wins)."""
+def pythonpath(
+    layout: Layout, spec: ServerSpec | None, kernel: str, dry: bool, rehearse: bool = False
+) -> list[str]:
+    """PYTHONPATH of a server: probe site, carried site (lent machine; the CPU rehearsal
+    too), sgl_kernel (``carried`` or ``fallback``; not on CPU, where the plugin's
+    placeholders stand in), the plugin (where the spec wants it), common shims last (a
+    real package wins)."""
     path = [str(PROBE_SITE)]
-    if not dry:
+    if not dry or rehearse:
         path.append(str(layout.site))
+    if not dry:
         path.append(
             str(layout.kernel_site) if kernel == "carried" else str(SHIMS / "sgl_kernel_fallback")
         )

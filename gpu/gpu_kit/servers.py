@@ -1,6 +1,20 @@
 """SGLang servers for the stages: what to start (:class:`ServerSpec`), one process group
-per server with its log, readiness on ``/health``, and a pool that starts several at once,
-keeps a server while a later stage still needs it and stops everything on the way out."""
+per server with its log, readiness, a first request, and a pool that starts several at
+once, keeps a server while a later stage still needs it and stops everything on the way out.
+
+Readiness is ``GET /health`` with the host's health generation off
+(``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0``, set by the kit): in sglang 0.5.23
+``/health`` otherwise runs a one-token generation (``srt/entrypoints/http_server.py``,
+``health_generate``), so readiness meant "prefill, sampling and a finished request work",
+and a server that died there (the second GPU run's radix insert) looked like one that
+never started. Now ``/health`` answers 200 once the scheduler is up (model loaded, graphs
+captured, HTTP serving: ``server_status`` is Up right away with ``--skip-server-warmup``),
+and the pool's first request (``first_request``: prefill, decode or verify, a finished
+request) is timed and recorded on its own, with its own time-out.
+
+Every process group started is written to ``pids_file`` at once; :func:`kill_leftovers`
+ends those still alive (servers run in their own sessions, which outlive the device
+tool's command: a second call on a warm machine starts by ending the first's)."""
 
 from __future__ import annotations
 
@@ -17,9 +31,13 @@ from typing import Any
 
 import requests
 
+#: Readiness probe; cheap only with ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0`` (the
+#: kit sets it for every server; ``/ready`` would do the same without the switch).
+HEALTH_PATH = "/health"
+
 
 class ServerError(RuntimeError):
-    """A server exited or did not answer ``/health`` in time."""
+    """A server exited, did not answer ``/health`` in time, or failed its first request."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,8 @@ class Server:
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     ready_s: float | None = None
+    first_request_s: float | None = None
+    pids_file: Path | None = None
 
     @property
     def url(self) -> str:
@@ -75,6 +95,9 @@ class Server:
                 cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.log_path.parent,
             )  # fmt: skip
+        if self.pids_file is not None:
+            with open(self.pids_file, "a") as f:
+                f.write(f"{self.proc.pid} {self.spec.label}\n")
 
     def wait_ready(self, timeout_s: float) -> Server:
         deadline = time.monotonic() + timeout_s
@@ -83,7 +106,7 @@ class Server:
                 code = None if self.proc is None else self.proc.returncode
                 raise ServerError(f"{self.spec.label}: exited with code {code}\n{self.log_tail()}")
             try:
-                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                if requests.get(self.url + HEALTH_PATH, timeout=5).status_code == 200:
                     self.ready_s = round(time.monotonic() - self.started_at, 1)
                     return self
             except requests.RequestException:
@@ -131,19 +154,38 @@ class Server:
 class Pool:
     """Servers by spec. ``get_many`` starts the missing ones concurrently (plugin-free
     ones first: ``before_plugin`` runs, e.g. waiting for the plugin build, before the
-    others launch); ``keep_only`` stops the servers no later stage needs."""
+    others launch), waits for each to be ready, then sends each its first request
+    (``first_request(server)``, all at once; one that fails is stopped and reported like
+    a server that did not start); ``keep_only`` stops the servers no later stage needs;
+    ``stop_all`` stops every server this pool ever launched."""
 
     def __init__(
         self,
         make: Callable[[ServerSpec], Server],
         ready_timeout_s: float,
         before_plugin: Callable[[], None] = lambda: None,
+        first_request: Callable[[Server], None] | None = None,
     ) -> None:
         self.make = make
         self.ready_timeout_s = ready_timeout_s
         self.before_plugin = before_plugin
+        self.first_request = first_request
         self.live: dict[ServerSpec, Server] = {}
+        self.launched: list[Server] = []
         self.history: list[dict[str, Any]] = []
+
+    def _bring_up(self, server: Server, timeout_s: float) -> Server:
+        server.wait_ready(timeout_s)
+        if self.first_request is not None:
+            t0 = time.monotonic()
+            try:
+                self.first_request(server)
+            except Exception as exc:  # noqa: BLE001 - the server's failure, with its log
+                raise ServerError(f"{server.spec.label}: ready after {server.ready_s} s, "
+                                  f"then its first request failed: {type(exc).__name__}: "
+                                  f"{exc}\n{server.log_tail()}") from exc  # fmt: skip
+            server.first_request_s = round(time.monotonic() - t0, 1)
+        return server
 
     def get_many(
         self, specs: Sequence[ServerSpec], timeout_s: float | None = None
@@ -158,6 +200,7 @@ class Pool:
                 self.before_plugin()
             for spec in group:
                 server = self.make(spec)
+                self.launched.append(server)  # before launch: stop_all reaches it
                 server.launch()
                 launched.append(server)
                 self.live[spec] = server
@@ -165,7 +208,7 @@ class Pool:
         if launched:
             ex = ThreadPoolExecutor(len(launched))
             try:
-                futures = {s.spec: ex.submit(s.wait_ready, timeout) for s in launched}
+                futures = {s.spec: ex.submit(self._bring_up, s, timeout) for s in launched}
                 for fut in futures.values():
                     fut.exception()  # waits; the guard's TimeUp leaves the threads behind
             finally:
@@ -175,7 +218,8 @@ class Pool:
                 err = fut.exception()
                 self.history.append(
                     {"label": spec.label, "args": list(spec.args), "env": dict(spec.env),
-                     "ready_s": server.ready_s, "log": str(server.log_path),
+                     "ready_s": server.ready_s, "first_request_s": server.first_request_s,
+                     "log": str(server.log_path),
                      "error": None if err is None else str(err)[:3000]}
                 )  # fmt: skip
                 if err is not None:
@@ -197,14 +241,45 @@ class Pool:
         process groups still there after a few seconds."""
         keep = set(specs)
         going = [self.live.pop(s) for s in list(self.live) if s not in keep]
-        for server in going:
-            server.terminate()
-        deadline = time.monotonic() + 8.0
-        for server in going:
-            server.stop(max(0.1, deadline - time.monotonic()))
+        _stop(going)
 
-    def stop_all(self) -> None:
-        self.keep_only(())
+    def stop_all(self, term_wait_s: float = 8.0) -> None:
+        """Every server launched (live, failed, or cut by the guard while starting)."""
+        self.live.clear()
+        _stop(self.launched, term_wait_s)
 
     def tails(self, lines: int = 25) -> dict[str, str]:
         return {s.label: srv.log_tail(lines) for s, srv in self.live.items()}
+
+
+def _stop(servers: list[Server], term_wait_s: float = 8.0) -> None:
+    for server in servers:
+        server.terminate()
+    deadline = time.monotonic() + term_wait_s
+    for server in servers:
+        server.stop(max(0.1, deadline - time.monotonic()))
+
+
+def kill_leftovers(pids_file: Path) -> list[str]:
+    """SIGKILL to the process groups listed in ``pids_file`` that are still alive and
+    still a server of this kit (the command line names ``--port``); the file is then
+    emptied. Returns the labels ended."""
+    if not pids_file.is_file():
+        return []
+    ended = []
+    for line in pids_file.read_text().splitlines():
+        pid_text, _, label = line.partition(" ")
+        try:
+            pid = int(pid_text)
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (ValueError, OSError):
+            continue
+        if b"--port" not in cmdline:
+            continue  # the pid was reused by something else
+        try:
+            os.killpg(pid, signal.SIGKILL)
+            ended.append(label)
+        except (ProcessLookupError, PermissionError):
+            pass
+    pids_file.write_text("")
+    return ended

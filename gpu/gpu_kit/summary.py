@@ -10,8 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script too
+
+from gpu_kit.results import load_partial  # noqa: E402
 
 _TIMINGS = re.compile(r"Engine startup timings \(s\): (.*)")
 _LOG_HEADER = re.compile(r"^===== (\S+)\.log ")
@@ -47,7 +52,7 @@ def startup_timings(server_logs: str) -> dict[str, str]:
 
 
 def summarize_run(run_dir: Path) -> dict[str, Any]:
-    r = json.loads((run_dir / "results.json").read_text())
+    r = load_partial(run_dir)  # results.json, or rebuilt from cells.jsonl after a kill
     stages = r["stages"]
     env = stages.get("env", {})
     machine = env.get("machine", {})
@@ -72,11 +77,17 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     for name in r.get("order", stages):
         st = stages.get(name, {})
         row = {"status": st.get("status"), "seconds": st.get("seconds")}
-        if st.get("status") == "failed":
+        if st.get("status") in ("failed", "capped", "time-up"):
             row["ended_by"] = _last_error_line(st.get("error", ""))
         if st.get("status") == "skipped":
             row["why"] = st.get("reason") or st.get("error")
         out["stages"][name] = row
+    out["cells"] = len(r.get("cells", []))
+    out["servers_up"] = {
+        srv["label"]: {"ready_s": srv.get("ready_s"), "first_request_s": srv.get("first_request_s")}
+        for srv in r["meta"].get("servers", [])
+        if not srv.get("error")
+    }
     out["server_failures"] = {
         srv["label"]: _cause(srv["error"])
         for srv in r["meta"].get("servers", [])

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 GPU = REPO / "gpu"
 sys.path.insert(0, str(GPU))
 
-from gpu_kit import guard  # noqa: E402
+from gpu_kit import guard, results  # noqa: E402
 from gpu_kit.models import GEOMETRIES, prompts, weight_bytes  # noqa: E402
 
 FAKE_SERVER = Path(__file__).with_name("gpu_kit_fake_server.py")
@@ -44,13 +44,13 @@ def test_stages_record_failures_skip_and_stop_at_the_guard(tmp_path: Path) -> No
         def failure_details(self):
             return {"log": "tail of a server log"}
 
-    results = guard.Results(tmp_path)
+    res = results.Results(tmp_path)
     stages = [guard.Stage("a", ok, 0), guard.Stage("b", boom, 0), guard.Stage("c", ok, 99),
               guard.Stage("d", ok, 0, needs=("b",)), guard.Stage("e", slow, 0),
               guard.Stage("f", ok, 0)]  # fmt: skip
     cleaned = []
     t0 = time.monotonic()
-    status = guard.run_stages(stages, Ctx(), results, guard.Budget(1.5),
+    status = guard.run_stages(stages, Ctx(), res, guard.Budget(1.5),
                               cleanup=lambda: cleaned.append(1), log=lambda m: None)  # fmt: skip
     assert time.monotonic() - t0 < 5
     assert status == {"a": "passed", "b": "failed", "c": "skipped", "d": "skipped",
@@ -65,7 +65,7 @@ def test_stages_record_failures_skip_and_stop_at_the_guard(tmp_path: Path) -> No
 
 
 # -- gpu/run end to end against fake servers ------------------------------------------
-FAST = ["--set", "curve_new_tokens=24", "--set", "toks_new_tokens=16", "--set",
+FAST = ["--set", "curve_new_tokens=64", "--set", "toks_new_tokens=48", "--set",
         "host_new_tokens=6", "--set", "parity_new_tokens=12", "--set", "ready_timeout_s=30"]  # fmt: skip
 
 
@@ -194,8 +194,8 @@ def test_every_gpu_server_command_parses_with_the_hosts_arguments(tmp_path: Path
     parser: a misspelt flag or a value outside its choices fails here, not there."""
     import argparse
 
-    from gpu_kit import stages
-    from gpu_kit.run import Kit
+    from gpu_kit import stages, stages_timing
+    from gpu_kit.kit import Kit
     from gpu_kit.servers import ServerError
 
     server_args = pytest.importorskip("sglang.srt.server_args")
@@ -203,14 +203,14 @@ def test_every_gpu_server_command_parses_with_the_hosts_arguments(tmp_path: Path
     server_args.ServerArgs.add_cli_args(parser)
     ns = argparse.Namespace(dry=False, set=[], work=tmp_path / "w", carry=tmp_path / "c",
                             server_cmd=None)  # fmt: skip
-    kit = Kit(ns, tmp_path, guard.Results(tmp_path))
+    kit = Kit(ns, tmp_path, results.Results(tmp_path))
     seen = []
 
     class Recorder:
         live: dict = {}
         history: list = []
 
-        def get_many(self, specs):
+        def get_many(self, specs, timeout_s=None):
             seen.extend(specs)
             return {s.label: ServerError("not started (test)") for s in specs}
 
@@ -218,8 +218,9 @@ def test_every_gpu_server_command_parses_with_the_hosts_arguments(tmp_path: Path
             return None
 
     kit.pool = Recorder()
-    for fn in (stages.stage_parity, stages.stage_curve, stages.stage_hosttime,
-               stages.stage_toks, stages.stage_adaptive):  # fmt: skip
+    for fn in (stages.stage_parity, stages.stage_curve, stages_timing.stage_hosttime,
+               stages_timing.stage_hybrid, stages_timing.stage_toks,
+               stages_timing.stage_adaptive):  # fmt: skip
         try:
             fn(kit, {})
         except (ServerError, RuntimeError):
