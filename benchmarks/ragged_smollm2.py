@@ -49,8 +49,8 @@ CONFIGS = {
         {**STATS, "SGLANG_SPEC_EXT_ADAPTIVE": "1", "SGLANG_SPEC_EXT_RAGGED_VERIFY": "0"},
     ),
     "SUFFIX ragged": (SUFFIX, STATS),
-    # Without the target's recycled top-k beside the trees (SUFFIX as before issue 57).
-    "SUFFIX ragged no recycling": (SUFFIX, {**STATS, "SGLANG_SPEC_EXT_RECYCLE_TOPK": "0"}),
+    # With the target's recycled top-k beside the trees (opt-in, issue 57).
+    "SUFFIX ragged recycling": (SUFFIX, {**STATS, "SGLANG_SPEC_EXT_RECYCLE_TOPK": "8"}),
     # The gate's node probabilities as calibrated, not weighed by what verified drafts
     # realised of what was expected (SGLANG_SPEC_EXT_DRAFT_GATE_REALISED=0).
     "SUFFIX ragged unscaled": (SUFFIX, {**STATS, "SGLANG_SPEC_EXT_DRAFT_GATE_REALISED": "0"}),

@@ -5,7 +5,7 @@ first-time chat: questions nobody asked the server before (``bench/first_time_ch
 ``--set held-out`` by default: questions never used to choose any setting). Servers of one
 build, one after another, each fresh: plain decoding; SUFFIX at width 16 without the
 recycled source (``SGLANG_SPEC_EXT_RECYCLE_TOPK=0``: SUFFIX as before it); SUFFIX at width
-16 with it (the default). Outputs are compared with plain decoding token for token; the
+16 with it (opt-in, ``SGLANG_SPEC_EXT_RECYCLE_TOPK=8``). Outputs are compared with plain decoding token for token; the
 accept length is committed tokens per verify step as the host counts them (bonus included);
 tokens per second are measured here, as ratios against plain in the same run.
 
@@ -39,7 +39,7 @@ STATS = {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}
 CONFIGS = {
     "plain": ([], {}),
     "SUFFIX (no recycling)": (SUFFIX, {**STATS, "SGLANG_SPEC_EXT_RECYCLE_TOPK": "0"}),
-    "SUFFIX + recycled top-k": (SUFFIX, STATS),
+    "SUFFIX + recycled top-k": (SUFFIX, {**STATS, "SGLANG_SPEC_EXT_RECYCLE_TOPK": "8"}),
 }
 
 

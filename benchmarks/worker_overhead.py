@@ -71,16 +71,21 @@ def configs(draft: Path) -> dict[str, list[str]]:
                    str(WIDTH)],
         "STANDALONE": ["--speculative-algorithm", "STANDALONE", *model_draft],
         "HYBRID": ["--speculative-algorithm", "HYBRID", *model_draft],
-        # SUFFIX without the target's recycled top-k (SGLANG_SPEC_EXT_RECYCLE_TOPK=0,
+        # SUFFIX with and without the target's recycled top-k (SGLANG_SPEC_EXT_RECYCLE_TOPK,
         # CONFIG_ENV): what the recycled source adds to SUFFIX's host time
         "SUFFIX-norecycle": ["--speculative-algorithm", "SUFFIX",
                              "--speculative-num-draft-tokens", str(WIDTH)],
+        "SUFFIX-recycle": ["--speculative-algorithm", "SUFFIX",
+                           "--speculative-num-draft-tokens", str(WIDTH)],
     }  # fmt: skip
 
 
 #: Environment of a config beyond the common one.
-CONFIG_ENV = {"SUFFIX-norecycle": {"SGLANG_SPEC_EXT_RECYCLE_TOPK": "0"}}
-ALGORITHMS = ("NGRAM", "SUFFIX", "STANDALONE", "HYBRID", "SUFFIX-norecycle")
+CONFIG_ENV = {
+    "SUFFIX-norecycle": {"SGLANG_SPEC_EXT_RECYCLE_TOPK": "0"},
+    "SUFFIX-recycle": {"SGLANG_SPEC_EXT_RECYCLE_TOPK": "8"},
+}
+ALGORITHMS = ("NGRAM", "SUFFIX", "STANDALONE", "HYBRID", "SUFFIX-norecycle", "SUFFIX-recycle")
 
 
 def step_times(log_path: Path) -> dict[int, list[float]]:

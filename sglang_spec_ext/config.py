@@ -127,7 +127,7 @@ class PluginConfig:
     cache_prompts: bool = True
     use_tree: bool = True
     merge_drafts: bool = True
-    recycle_topk: int = 8
+    recycle_topk: int = 0
     recycle_max_scopes: int = 16
     backend: str = "auto"
     cpu_fallbacks: bool = True

@@ -116,10 +116,10 @@ FIELDS: tuple[Field, ...] = (
     Field(
         "recycle_topk",
         int,
-        8,
-        "draft from the target's own top-k: per token, its k most likely successors from the "
-        "latest verify logits, merged with the suffix drafts by calibrated acceptance "
-        "(SUFFIX and adaptive SUFFIX); 0 turns the source off",
+        0,
+        "opt-in (0: off): draft from the target's own top-k too, per token its k most likely "
+        "successors from the latest verify logits, merged with the suffix drafts by calibrated "
+        "acceptance (SUFFIX and adaptive SUFFIX; 8 is the setting measured)",
         0,
         32,
     ),

@@ -22,6 +22,7 @@ WIDTH = 8
 NEW_TOKENS = 40
 SUFFIX_ARGS = ("--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", str(WIDTH))
 STATS = {"SGLANG_SPEC_EXT_STATS_LOG_INTERVAL_S": "0"}
+ON = {"SGLANG_SPEC_EXT_RECYCLE_TOPK": "8"}  # opt-in
 FRESH = [
     "The museum opened a new wing for maritime history",
     "Explain how a thermostat keeps a room warm",
@@ -46,11 +47,11 @@ def servers(tiny_model_dir, tiny_baseline_server, start_module_server):
     gpu_path = {"SGLANG_SPEC_EXT_CPU_OVERLAP": "1", "SGLANG_SPEC_EXT_CPU_GRAPHS": "1"}
     started = start_module_server.start_all(
         {
-            "on": ServerConfig(tiny_model_dir, SUFFIX_ARGS, STATS, {}),
+            "on": ServerConfig(tiny_model_dir, SUFFIX_ARGS, {**STATS, **ON}, {}),
             "off": ServerConfig(
                 tiny_model_dir, SUFFIX_ARGS, {**STATS, "SGLANG_SPEC_EXT_RECYCLE_TOPK": "0"}, {}
             ),
-            "gpu-path": ServerConfig(tiny_model_dir, SUFFIX_ARGS, {**STATS, **gpu_path}, {}),
+            "gpu-path": ServerConfig(tiny_model_dir, SUFFIX_ARGS, {**STATS, **ON, **gpu_path}, {}),
         }
     )
     return tiny_baseline_server, started

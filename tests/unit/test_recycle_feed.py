@@ -20,7 +20,7 @@ VOCAB = 64
 class _Worker(DraftSourcesMixin):
     def __init__(self) -> None:
         self._isolation = "scoped"
-        self._init_recycle(load_config({}))
+        self._init_recycle(load_config({"SGLANG_SPEC_EXT_RECYCLE_TOPK": "8"}))
 
 
 def _req(rid: str, salt: str | None = None):
