@@ -78,13 +78,7 @@ class Recycler:
     ) -> None:
         """``committed``: the tokens ``rid`` committed since its last draft, ``before`` the
         token preceding them (its last draft's root)."""
-        if not committed:
-            return
-        seq = np.fromiter((before, *committed), dtype=np.int64, count=len(committed) + 1)
-        self.rates.observe(self.table.rows(scope, seq[:-1]), seq[1:])
-        last = self._last.pop(rid, None)
-        if last is not None and len(last) and self._learns_calibration:
-            self._pending.append((last, list(committed)))
+        self.observe_many([(rid, scope, before, committed)])
 
     def observe_many(self, items: Sequence[tuple[Hashable, Hashable, int, Sequence[int]]]) -> None:
         """:meth:`observe` of a step's ``(rid, scope, before, committed)``, one table

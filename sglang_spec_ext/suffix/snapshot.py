@@ -324,3 +324,17 @@ def _decode_payload(
     if n_tokens and int(tokens.min()) < 0:
         raise _fail(path, f"token id {int(tokens.min())} outside [0, {MAX_TOKEN_ID}]")
     return scopes, index.tolist(), tokens, bounds.tolist()
+
+
+def import_entries(drafter: Any, entries: list) -> tuple[int, int, Exception | None]:
+    """Re-add snapshot ``entries`` to ``drafter`` oldest first: (sequences, tokens) re-added
+    and the drafter's exception that stopped it, if one did."""
+    loaded = tokens = 0
+    try:
+        for scope, seq in entries:
+            drafter.import_cached(scope, seq)
+            loaded += 1
+            tokens += len(seq)
+    except Exception as e:  # noqa: BLE001 - a drafter fault: keep what went in
+        return loaded, tokens, e
+    return loaded, tokens, None

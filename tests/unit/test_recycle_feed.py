@@ -11,13 +11,14 @@ import numpy as np
 import torch
 
 from sglang_spec_ext.config import load_config
+from sglang_spec_ext.sglang.workers.suffix_sessions import DrafterSessionsMixin
 from sglang_spec_ext.sglang.workers.suffix_sources import DraftSourcesMixin, accepted_path
 from sglang_spec_ext.suffix.draft import DraftTree
 
 VOCAB = 64
 
 
-class _Worker(DraftSourcesMixin):
+class _Worker(DraftSourcesMixin, DrafterSessionsMixin):
     def __init__(self) -> None:
         self._isolation = "scoped"
         self._init_recycle(load_config({"SGLANG_SPEC_EXT_RECYCLE_TOPK": "8"}))

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sglang_spec_ext.suffix.snapshot import SnapshotError, read_snapshot
+from sglang_spec_ext.suffix.snapshot import SnapshotError, import_entries, read_snapshot
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -65,12 +65,9 @@ def load_peer_snapshots(keeper: Any, drafter: Any, peers_dir: str | Path) -> int
         except (SnapshotError, OSError, ValueError) as e:
             logger.warning("SUFFIX snapshot peers: %s refused (%s)", path, e)
             continue
-        try:
-            for scope, seq in entries:
-                drafter.import_cached(scope, seq)
-                loaded += 1
-                tokens += len(seq)
-        except Exception as e:  # noqa: BLE001 - a drafter fault: keep what went in
+        n, t, e = import_entries(drafter, entries)
+        loaded, tokens = loaded + n, tokens + t
+        if e is not None:  # a drafter fault: what went in stays
             logger.warning(
                 "SUFFIX snapshot peers: loading %s stopped (%s: %s)", path, type(e).__name__, e
             )

@@ -45,7 +45,12 @@ from typing import Any
 from sglang_spec_ext import __version__
 from sglang_spec_ext.config import ConfigError
 from sglang_spec_ext.sglang.serving import shutdown_hooks as exit_hooks
-from sglang_spec_ext.suffix.snapshot import SnapshotError, read_snapshot, write_snapshot
+from sglang_spec_ext.suffix.snapshot import (
+    SnapshotError,
+    import_entries,
+    read_snapshot,
+    write_snapshot,
+)
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -258,13 +263,8 @@ class SnapshotKeeper:
                 e,
             )
             return 0
-        loaded = tokens = 0
-        try:
-            for scope, seq in entries:
-                drafter.import_cached(scope, seq)
-                loaded += 1
-                tokens += len(seq)
-        except Exception as e:  # noqa: BLE001 - a drafter fault: keep what went in
+        loaded, tokens, e = import_entries(drafter, entries)
+        if e is not None:  # a drafter fault: what went in stays
             logger.warning(
                 "SUFFIX snapshot: loading %s stopped after %d of %d sequences (%s: %s)",
                 self.path,

@@ -146,12 +146,7 @@ class DrafterSessionsMixin:
             self._close(req.rid)
             session = None
         if session is None:
-            scope = scope_key(
-                getattr(req, "cache_salt", None),
-                getattr(req, "extra_key", None),
-                getattr(req, "lora_id", None),
-                self._isolation,
-            )
+            scope = self._request_scope(req)
             prompt = req.origin_input_ids_unpadded
             self.drafter.start_request(req.rid, prompt, scope=scope)
             last = int(prompt[-1]) if len(prompt) else -1
@@ -168,6 +163,15 @@ class DrafterSessionsMixin:
             session.synced = total
             session.last = int(new[-1])
         session.req = req
+
+    def _request_scope(self, req: Any) -> Any:
+        """``req``'s tenant scope (``suffix/scopes.py``) under this server's isolation."""
+        return scope_key(
+            getattr(req, "cache_salt", None),
+            getattr(req, "extra_key", None),
+            getattr(req, "lora_id", None),
+            self._isolation,
+        )
 
     def _on_committed(self, rid: str, scope: Any, before: int, new: list[int]) -> None:
         """``rid`` committed ``new`` after the token ``before`` (a draft source that learns

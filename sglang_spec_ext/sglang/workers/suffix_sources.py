@@ -36,7 +36,6 @@ import torch
 
 from sglang_spec_ext.suffix.draft import DraftTree
 from sglang_spec_ext.suffix.recycler import Recycler
-from sglang_spec_ext.suffix.scopes import scope_key
 
 logger = logging.getLogger("sglang_spec_ext")
 
@@ -124,7 +123,7 @@ class DraftSourcesMixin:
         if rec is None:
             return trees
         self._recycle_flush()
-        if plain:  # noqa: SIM102 - one branch per source
+        if plain:
             scopes = [self._scope_of(reqs[i]) for i in plain]
             merged = rec.draft(
                 [rids[i] for i in plain],
@@ -153,12 +152,7 @@ class DraftSourcesMixin:
         session = getattr(self, "_sessions", {}).get(req.rid)
         if session is not None:  # computed when its session started (suffix_sessions.py)
             return session.scope
-        return scope_key(
-            getattr(req, "cache_salt", None),
-            getattr(req, "extra_key", None),
-            getattr(req, "lora_id", None),
-            self._isolation,
-        )
+        return self._request_scope(req)
 
     # -- after the step: the top-k, without a wait -----------------------------------
     def _recycle_tap(self, batch: Any, result: Any) -> None:
