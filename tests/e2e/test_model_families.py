@@ -12,12 +12,11 @@ accept lengths are printed and must exceed 1 somewhere.
 * Qwen3-MoE (every layer MoE) and Gemma 3 with a 16-token sliding window (prompts of 2
   to 150 tokens and 48 new ones: every verify reads a window that starts inside the
   prompt or the output): parity eagerly and under overlap.
-* The graph emulation gives wrong greedy output for both, plain decoding included
-  (a plain server under it against the eager one; strict xfail): the host's CPU MoE (``moe_forward_native``) reads its per-expert token
-  counts into Python (``.cpu().numpy()``) and loops over them, and the emulation's
-  decode/verify attention keeps the host's per-request loop on sliding-window layers
-  (``sglang/cpu/graph_attention.py``), so a replay reuses what the capture saw. On a GPU
-  the host runs capturable kernels for both; only a GPU can show that path.
+* Under the graph emulation both replay their captured graphs with plain's output: the
+  emulation's masked attention takes the sliding window (``cpu/masked_attention.py``) and
+  its capture records a routing-independent MoE (``cpu/graph_moe.py``) where the host's
+  CPU MoE reads its per-expert counts into Python. Until then both gave wrong greedy
+  output under the emulation, plain decoding included.
 * A draft longer than the window (Gemma 3 with a 4-token window, width 8): parity. The
   plugin's CPU verify attention (``sglang/cpu/fallbacks/verify_attention.py``) windows the
   draft keys as well as the committed prefix; before, a draft token deeper than the window
@@ -37,6 +36,7 @@ import pytest
 
 from sglang_spec_ext.models.testing.families import FAMILIES, build_tiny_gemma3
 from sglang_spec_ext.sglang.cpu.graph_capture import ENV as GRAPHS_ENV
+from sglang_spec_ext.sglang.cpu.graphs import REPLAY_MESSAGE
 from sglang_spec_ext.sglang.cpu.overlap import ENV as OVERLAP_ENV
 from sglang_spec_ext.sglang.cpu.overlap import LOOP_MESSAGE
 from tests.harness.server import CPUServer, ServerConfig, ServerStartError, unserved_model_modules
@@ -65,17 +65,9 @@ NARROW_WINDOW = 4  # shorter than a width-8 draft
 #: Families whose parity the CPU engine shows, each with the servers whose parity it
 #: cannot show and why (a strict xfail: a fix of the emulation makes the test fail until
 #: the entry goes).
-SERVED = {
-    "qwen3_moe": {
-        "SUFFIX overlap+graphs": "CPU graph emulation: the host's CPU MoE (moe_forward_native) "
-        "reads per-expert token counts into Python and loops over them; a replay reuses the "
-        "capture's routing (plain decoding under the emulation too)",
-    },
-    "gemma3": {
-        "SUFFIX overlap+graphs": "CPU graph emulation: sliding-window layers keep the host's "
-        "per-request attention loop (sglang/cpu/graph_attention.py); a replay reuses the "
-        "capture's lengths (plain decoding under the emulation too)",
-    },
+SERVED: dict[str, dict[str, str]] = {
+    "qwen3_moe": {},
+    "gemma3": {},
 }
 
 #: Families the CPU engine does not serve: (extra server arguments, the host's error the
@@ -145,17 +137,21 @@ def _expected(model: Path, plain: CPUServer) -> tuple[list[list[int]], list[list
 
 
 def test_draft_longer_than_the_window(tmp_path_factory, start_server, request):
-    """Gemma 3 with a 4-token window, SUFFIX at width 8: drafts deeper than the window.
-    (Wrong output before cpu/fallbacks/verify_attention.py windowed the draft keys too.)"""
+    """Gemma 3 with a 4-token window, SUFFIX at width 8: drafts deeper than the window,
+    eagerly and replayed under the graph emulation. (Wrong output before
+    cpu/fallbacks/verify_attention.py windowed the draft keys too, and the graphs' masked
+    verify, cpu/masked_attention.py, does the same.)"""
     model = build_tiny_gemma3(tmp_path_factory.mktemp("narrow") / "gemma3-w4",
                               sliding_window=NARROW_WINDOW)  # fmt: skip
-    args, env = SPEC_SERVERS["SUFFIX"]
+    runs = ("SUFFIX", "SUFFIX overlap+graphs")
     servers = start_server.start_all({
         "plain": ServerConfig(model, (), family_env("gemma3")),
-        "SUFFIX": ServerConfig(model, args, family_env("gemma3", env)),
+        **{run: ServerConfig(model, SPEC_SERVERS[run][0], family_env("gemma3", SPEC_SERVERS[run][1]))
+           for run in runs},
     })  # fmt: skip
     prompts, expected = _expected(model, servers["plain"])
-    _check_parity(f"gemma3 window {NARROW_WINDOW}", "SUFFIX", servers["SUFFIX"], prompts, expected)
+    for run in runs:
+        _check_parity(f"gemma3 window {NARROW_WINDOW}", run, servers[run], prompts, expected)
 
 
 @pytest.mark.parametrize("server", list(SPEC_SERVERS))
@@ -180,6 +176,8 @@ def test_graph_emulation_plain_decoding(family, request):
     firsts = [_first_difference(g, w) for g, w in zip(got, expected, strict=True)]
     print(f"\n{name} plain graphs: first token differing from eager per prompt {firsts}")
     assert got == expected, f"{name}: plain decoding under the graph emulation differs"
+    log = servers["plain graphs"].log_path.read_text(errors="replace")
+    assert REPLAY_MESSAGE in log, f"{name} plain graphs: no decode graph was replayed"
 
 
 def _check_parity(
@@ -208,6 +206,8 @@ def _check_parity(
     assert "SUFFIX: verify ragged" in log, f"{name} {server}: ragged verify is off"
     if SPEC_SERVERS[server][1].get(OVERLAP_ENV) == "1":
         assert LOOP_MESSAGE in log, f"{name} {server}: the overlap loop never ran"
+    if SPEC_SERVERS[server][1].get(GRAPHS_ENV) == "1":
+        assert REPLAY_MESSAGE in log, f"{name} {server}: no verify graph was replayed"
     assert max(accept) > 1.0, f"{name} {server}: no draft token accepted: {accept}"
 
 

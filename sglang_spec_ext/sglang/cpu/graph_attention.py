@@ -16,8 +16,10 @@ are ``masked_attention.py``'s):
 
 It is installed with the graph emulation and used for decode both eagerly and in
 graphs, so the eager fallback (``can_run_graph`` false) and a replay compute the same
-thing. Cross-attention, encoder lengths and sliding windows keep the host's loop (not
-graph-safe; the emulation's capture refuses none of them, so keep such models eager).
+thing. Sliding-window layers (Gemma 3, a mask over the full KV pool) get the window as
+a mask on positions, as the host's loop slices it. Cross-attention, encoder lengths and an
+SWA KV pool keep the host's loop (not graph-safe; the emulation's capture refuses none of
+them, so keep such models eager).
 
 Target verify (speculative decoding) works the same way, the way a GPU backend
 (triton, flashinfer) handles it: outside the captured region
@@ -122,29 +124,38 @@ def forward_hook(
         forward_batch.seq_lens[:bs],
     )
     gqa = heads != layer.tp_k_head_num
+    window = _window(layer)
     layout = getattr(forward_batch.spec_info, "ragged_verify_layout", None)
     if mode.is_draft_extend_v2():
-        out = masked_extend_attention(query, *kv, layer.scaling, gqa)
+        out = masked_extend_attention(query, *kv, layer.scaling, gqa, window)
     elif layout is not None:
         out = masked_ragged_verify_attention(
             query, *kv, forward_batch.out_cache_loc, layout.verify_lens,
             layout.qo_indptr_device, self._graph_ragged_mask[:bs], layer.scaling, gqa,
+            window, forward_batch.positions,
         )  # fmt: skip
     else:
         n = int(forward_batch.spec_info.draft_token_num)
         slots = forward_batch.out_cache_loc[: bs * n].view(bs, n)
         mask = self._graph_verify_masks[n][:bs]
-        out = masked_verify_attention(query, *kv, slots, mask, layer.scaling, gqa)
+        positions = forward_batch.positions[: bs * n]
+        out = masked_verify_attention(
+            query, *kv, slots, mask, layer.scaling, gqa, window, positions
+        )
     return out.reshape(-1, heads * layer.v_head_dim)
 
 
 def _graph_safe(layer: Any, forward_batch: Any) -> bool:
-    window = getattr(layer, "sliding_window_size", None)
     return (
         not getattr(layer, "is_cross_attention", False)
         and getattr(forward_batch, "encoder_lens", None) is None
-        and (window is None or window <= -1)
     )
+
+
+def _window(layer: Any) -> int:
+    """The layer's sliding window (the host's ``sliding_window_size``), -1 for none."""
+    window = getattr(layer, "sliding_window_size", None)
+    return -1 if window is None or window <= -1 else int(window)
 
 
 def forward_decode_hook(
@@ -178,6 +189,7 @@ def forward_decode_hook(
         forward_batch.seq_lens,
         layer.scaling,
         layer.tp_q_head_num != layer.tp_k_head_num,
+        _window(layer),
     )
     return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 

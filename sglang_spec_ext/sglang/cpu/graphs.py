@@ -31,7 +31,8 @@ CPU engine running; nothing changes otherwise):
 * :func:`graph_mode_hook`: the model runner replays for the modes a GPU replays
   (decode, target verify), not decode only;
 * graph-safe ``torch_native`` decode, verify and draft-extend attention
-  (``cpu/graph_attention.py``) and multi-step draft attention (``draft_attention.py``);
+  (``cpu/graph_attention.py``, sliding windows included), multi-step draft attention
+  (``draft_attention.py``) and the host's CPU MoE while capturing (``graph_moe.py``);
 * the model drafts' draft and draft-extend graph runners (``cpu/draft_graphs.py``),
   which the host does not build on the CPU engine.
 
@@ -355,6 +356,7 @@ def install_cpu_graphs() -> list[str]:
 
     from sglang_spec_ext.sglang.cpu.draft_graphs import draft_graph_hooks
     from sglang_spec_ext.sglang.cpu.graph_attention import attention_hooks
+    from sglang_spec_ext.sglang.cpu.graph_moe import moe_hooks
     from sglang_spec_ext.sglang.host.hooks import register_hooks_once
 
     register_hooks_once(
@@ -364,6 +366,7 @@ def install_cpu_graphs() -> list[str]:
             (RESOLVE_DECODE_BACKEND_TARGET, resolve_decode_backend_hook, HookType.AROUND),
             (CAPTURE_DECODE_GRAPH_TARGET, capture_decode_graph_hook, HookType.AROUND),
             *attention_hooks(),
+            *moe_hooks(),
             *draft_graph_hooks(),
         ]
     )
@@ -372,5 +375,6 @@ def install_cpu_graphs() -> list[str]:
         "cpu_graphs_backend",
         "cpu_graphs_decode_runner",
         "cpu_graphs_attention",
+        "cpu_graphs_moe",
         "cpu_graphs_draft_runners",
     ]

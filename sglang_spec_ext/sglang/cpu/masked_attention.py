@@ -6,6 +6,10 @@ Each reads lengths, KV slots and tree masks from tensors and gathers K/V rows th
 ``req_to_token`` over a fixed width (the pool's maximum context length), masking what a
 request does not own: shapes depend on batch size, draft width and pool width only, never
 on the lengths, so a captured graph replays them on new lengths correctly.
+
+Sliding-window layers pass ``window`` (the host's ``sliding_window_size``; ``-1`` for
+none): a query at position ``p`` sees the keys at positions ``p - window`` to ``p``, as
+the host's ``torch_native`` loop slices them; a draft key's position is its query's.
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ def masked_table_attention(
     lengths: torch.Tensor,
     scaling: float | None,
     enable_gqa: bool,
+    window: int = -1,
 ) -> torch.Tensor:
-    """One query token per row over the first ``lengths[i]`` KV slots of ``table[i]``.
+    """One query token per row over the first ``lengths[i]`` KV slots of ``table[i]``
+    (the query at position ``lengths[i] - 1``).
 
     ``query`` [N, Hq, D]; ``k_cache``/``v_cache`` [P, Hk, D(v)]; ``table`` [N, W] (KV
     slots); returns [N, Hq, Dv]. Shapes depend on N and W only (graph-safe).
@@ -49,7 +55,10 @@ def masked_table_attention(
     width = table.shape[1]
     keys, values = _gather_kv(k_cache, v_cache, table, query.dtype)  # [N, Hk, W, D(v)]
     positions = torch.arange(width, device=query.device)
-    valid = positions.unsqueeze(0) < lengths.unsqueeze(1).to(positions.dtype)  # [N, W]
+    ends = lengths.unsqueeze(1).to(positions.dtype)
+    valid = positions.unsqueeze(0) < ends  # [N, W]
+    if window > -1:
+        valid &= positions.unsqueeze(0) >= ends - 1 - window
     out = scaled_dot_product_attention(
         query.unsqueeze(2),  # [N, Hq, 1, D]
         keys,
@@ -70,6 +79,7 @@ def masked_decode_attention(
     seq_lens: torch.Tensor,
     scaling: float | None,
     enable_gqa: bool,
+    window: int = -1,
 ) -> torch.Tensor:
     """One query token per request over its first ``seq_lens[i]`` KV rows.
 
@@ -77,7 +87,9 @@ def masked_decode_attention(
     returns [B, Hq, Dv]. Shapes depend on B and L only (graph-safe).
     """
     rows = req_to_token.index_select(0, req_pool_indices.long())  # [B, L]
-    return masked_table_attention(query, k_cache, v_cache, rows, seq_lens, scaling, enable_gqa)
+    return masked_table_attention(
+        query, k_cache, v_cache, rows, seq_lens, scaling, enable_gqa, window
+    )
 
 
 def _requests_sdpa(
@@ -112,6 +124,7 @@ def masked_extend_attention(
     seq_lens: torch.Tensor,
     scaling: float | None,
     enable_gqa: bool,
+    window: int = -1,
 ) -> torch.Tensor:
     """A causal extend of the same ``n`` tokens per request (a model draft's draft extend):
     ``seq_lens`` counts them, so query ``j`` of request ``i`` reads its first
@@ -129,6 +142,8 @@ def masked_extend_attention(
     limit = (seq_lens.reshape(-1, 1).to(step.dtype) - n + step.unsqueeze(0) + 1).clamp(min=1)
     positions = torch.arange(width, device=query.device)
     mask = positions.view(1, 1, width) < limit.unsqueeze(2)  # [B, n, L]
+    if window > -1:  # query j sits at position limit - 1
+        mask &= positions.view(1, 1, width) >= (limit - 1 - window).unsqueeze(2)
     return _requests_sdpa(query, keys, values, mask, scaling, enable_gqa)
 
 
@@ -143,12 +158,16 @@ def masked_verify_attention(
     visible: torch.Tensor,
     scaling: float | None,
     enable_gqa: bool,
+    window: int = -1,
+    query_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``n`` draft tokens per request over its first ``seq_lens[i]`` committed KV rows
     plus the drafts ``visible[i]`` marks (``[B, n, n]`` bool, row = query).
 
     ``query`` [B * n, Hq, D]; ``draft_slots`` [B, n] (the drafts' KV slots); returns
-    [B * n, Hq, Dv]. Shapes depend on B, n and the pool width only (graph-safe).
+    [B * n, Hq, Dv]. Shapes depend on B, n and the pool width only (graph-safe). With a
+    ``window``, ``query_positions`` [B * n] places each draft token (a tree node at
+    ``seq_lens[i] + depth``); a draft key's position is its own query's.
     """
     bs, n = draft_slots.shape
     width = req_to_token.shape[1]
@@ -157,7 +176,15 @@ def masked_verify_attention(
     keys, values = _gather_kv(k_cache, v_cache, slots, query.dtype)  # [B, Hk, L + n, D(v)]
     positions = torch.arange(width, device=query.device)
     prefix = positions.unsqueeze(0) < seq_lens.unsqueeze(1).to(positions.dtype)  # [B, L]
-    mask = torch.cat([prefix.unsqueeze(1).expand(bs, n, width), visible], dim=2)
+    prefix = prefix.unsqueeze(1).expand(bs, n, width)
+    if window > -1:
+        if query_positions is None:
+            raise ValueError("masked_verify_attention: a window needs query_positions")
+        first = query_positions.reshape(bs, n).to(positions.dtype) - window  # [B, n]
+        prefix = prefix & (positions.view(1, 1, width) >= first.unsqueeze(2))
+        draft_pos = query_positions.reshape(bs, 1, n).to(positions.dtype)
+        visible = visible & (draft_pos >= first.unsqueeze(2))
+    mask = torch.cat([prefix, visible], dim=2)
     return _requests_sdpa(query, keys, values, mask, scaling, enable_gqa)
 
 

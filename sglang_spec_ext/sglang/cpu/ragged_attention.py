@@ -43,12 +43,15 @@ def masked_ragged_verify_attention(
     visible: torch.Tensor,
     scaling: float | None,
     enable_gqa: bool,
+    window: int = -1,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Ragged verify of ``T`` packed tokens (see the module doc).
 
     ``query`` [T, Hq, D]; ``cache_loc`` [T] (their KV slots); ``verify_lens`` [B],
     ``qo_indptr`` [B + 1] (slot ``b``'s first token); ``visible`` [B, n, n] bool (row =
-    query). Returns [T, Hq, Dv], zero for tokens of no slot.
+    query); ``positions`` [T] (the tokens' positions, needed with a sliding ``window``).
+    Returns [T, Hq, Dv], zero for tokens of no slot.
     """
     total = query.shape[0]
     bs, n = visible.shape[0], visible.shape[1]
@@ -68,6 +71,8 @@ def masked_ragged_verify_attention(
         keys_ok,
         scaling,
         enable_gqa,
+        window,
+        None if positions is None else positions.index_select(0, gather),
     )  # [B * n, Hq, Dv]
     packed = out.new_zeros((total + 1, *out.shape[1:]))
     scatter = torch.where(valid, rows, torch.full_like(rows, total)).view(-1)
