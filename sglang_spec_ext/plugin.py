@@ -155,9 +155,11 @@ def _install_cpu_engine(config: PluginConfig) -> list[str]:
     if config.cpu_fallbacks:
         from sglang_spec_ext.sglang.cpu.draft_attention import install_draft_attention
         from sglang_spec_ext.sglang.cpu.fallbacks.install import install_cpu_fallbacks
+        from sglang_spec_ext.sglang.cpu.mla import install_mla_handler
 
         installed += install_cpu_fallbacks()
         installed += install_draft_attention()
+        installed += install_mla_handler()
     else:
         logger.debug("CPU kernel fallbacks disabled by configuration")
     from sglang_spec_ext.sglang.cpu.graphs import install_cpu_graphs

@@ -236,8 +236,8 @@ def build_tiny_deepseek_v3(
     low-rank projections of 32, a decoupled rope part of 16, nope and value heads of 16),
     the first layer dense and the others MoE (``num_experts`` routed experts, 2 per token,
     sigmoid scores with the ``noaux_tc`` bias, one shared expert). No MTP layer
-    (``num_nextn_predict_layers`` 0): the CPU engine does not run the target's MLA
-    attention (``docs/models.md``)."""
+    (``num_nextn_predict_layers`` 0). The CPU engine serves it through the absorbed MLA
+    method (``sglang_spec_ext/sglang/cpu/mla.py``)."""
     stamp = {"builder": f"{__name__}.build_tiny_deepseek_v3", "seed": seed,
              "num_layers": num_layers, "hidden_size": hidden_size, "num_experts": num_experts,
              "initializer_range": initializer_range}  # fmt: skip
