@@ -231,22 +231,33 @@ def build_tiny_deepseek_v3(
     hidden_size: int = 64,
     num_experts: int = 4,
     initializer_range: float = 0.1,
+    nextn: bool = False,
 ) -> Path:
     """A random tiny ``DeepseekV3ForCausalLM``: multi-head latent attention (query and KV
     low-rank projections of 32, a decoupled rope part of 16, nope and value heads of 16),
     the first layer dense and the others MoE (``num_experts`` routed experts, 2 per token,
-    sigmoid scores with the ``noaux_tc`` bias, one shared expert). No MTP layer
-    (``num_nextn_predict_layers`` 0). The CPU engine serves it through the absorbed MLA
-    method (``sglang_spec_ext/sglang/cpu/mla.py``)."""
+    sigmoid scores with the ``noaux_tc`` bias, one shared expert). The CPU engine serves it
+    through the absorbed MLA method (``sglang_spec_ext/sglang/cpu/deepseek.py``).
+
+    ``nextn``: one NextN MTP layer as DeepSeek ships it (``num_nextn_predict_layers`` 1,
+    the layer under ``model.layers.<num_layers>.``: a decoder layer plus ``enorm``,
+    ``hnorm``, ``eh_proj`` and ``shared_head.norm``; the embedding and LM head are the
+    target's), served by the host as ``DeepseekV3ForCausalLMNextN`` under NEXTN / EAGLE
+    or HYBRID. Like the tiny MiMo's (``models/testing/mtp.py``) it copies a target layer
+    (the last) and passes the token half of ``eh_proj`` through, so its drafts are
+    sometimes right."""
     stamp = {"builder": f"{__name__}.build_tiny_deepseek_v3", "seed": seed,
              "num_layers": num_layers, "hidden_size": hidden_size, "num_experts": num_experts,
              "initializer_range": initializer_range}  # fmt: skip
+    if nextn:
+        stamp["tweak"] = "_deepseek_nextn"
 
     def make(tokenizer):
         from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
+        layers = num_layers + (1 if nextn else 0)  # the tweak turns the last into NextN
         config = DeepseekV3Config(
-            **_fields(tokenizer, hidden_size, num_layers, initializer_range),
+            **_fields(tokenizer, hidden_size, layers, initializer_range),
             moe_intermediate_size=hidden_size,
             n_routed_experts=num_experts,
             n_shared_experts=1,
@@ -267,6 +278,35 @@ def build_tiny_deepseek_v3(
         return config, DeepseekV3ForCausalLM
 
     return _build_cached(model_dir, stamp, make)
+
+
+def _deepseek_nextn(model: Any, seed: int) -> None:
+    """The last decoder layer becomes the NextN MTP layer (``build_tiny_deepseek_v3``):
+    a copy of the layer before it, with the MTP's own modules added under it."""
+    import torch
+
+    layers = model.model.layers
+    last = len(layers) - 1
+    mtp = layers[last]
+    mtp.load_state_dict(layers[last - 1].state_dict())
+    hidden = model.config.hidden_size
+
+    def norm(value: torch.Tensor) -> torch.nn.Module:
+        module = torch.nn.Module()
+        module.weight = torch.nn.Parameter(value.clone())
+        return module
+
+    # eh_proj([enorm(embed(x)), hnorm(h)]): the token half through, the hidden half dropped;
+    # enorm gives the embedding its own RMS back, so the copied layer sees its usual scale.
+    mtp.eh_proj = torch.nn.Linear(2 * hidden, hidden, bias=False)
+    mtp.eh_proj.weight.data = torch.cat((torch.eye(hidden), torch.zeros(hidden, hidden)), 1)
+    rms = model.model.embed_tokens.weight.pow(2).mean().sqrt()
+    mtp.enorm = norm(torch.full((hidden,), float(rms)))
+    mtp.hnorm = norm(torch.ones(hidden))
+    mtp.shared_head = torch.nn.Module()
+    mtp.shared_head.norm = norm(model.model.norm.weight.data)
+    model.config.num_hidden_layers = last
+    model.config.num_nextn_predict_layers = 1
 
 
 def build_tiny_qwen3_next(
