@@ -99,20 +99,19 @@ def test_incompatible_flags_are_rejected_with_the_flag_named(model_dir, flags, m
         resolve(model_dir, *flags)
 
 
-def test_dp_attention_is_rejected():
-    # Stand-in record: on a CPU device the host pipeline itself turns DP attention
-    # off before plugin validation runs, so the real pipeline cannot reach this
-    # check here; on GPU hosts it does.
-    from types import SimpleNamespace
-
-    from sglang_spec_ext.sglang.serving.server_args import (
-        IncompatibleServerArgs,
-        validate_server_args,
-    )
-
-    args = SimpleNamespace(speculative_algorithm="SUFFIX", device="cuda", enable_dp_attention=True)
-    with pytest.raises(IncompatibleServerArgs, match="--enable-dp-attention: SUFFIX does not"):
-        validate_server_args(args)
+@pytest.mark.parametrize(
+    "flags",
+    [("--enable-dp-attention", "--dp-size", "2", "--tp-size", "2"),
+     ("--attn-dp-size", "2", "--tp-size", "2")],
+)  # fmt: skip
+def test_dp_attention_is_rejected_under_both_spellings(model_dir, flags):
+    """Through the host's real pipeline on the CPU engine, which serves DP attention
+    (cpu/dp_attention.py): the host turns ``--enable-dp-attention`` into
+    ``--attn-dp-size 2`` and the flag reads False after that, so the check reads both.
+    (Before, only the flag was read: a SUFFIX server with DP attention started and died
+    at its first decode in a gloo collective mismatch.)"""
+    with pytest.raises(Exception, match=r"--attn-dp-size 2: SUFFIX does not support DP"):
+        resolve(model_dir, *flags)
 
 
 def test_bad_config_value_stops_resolution(model_dir, monkeypatch):
