@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from sglang_spec_ext.sglang.cpu.fallbacks import lora, ops, sampling
+from sglang_spec_ext.sglang.cpu.fallbacks.gdn_install import install_gdn_fallbacks
 from sglang_spec_ext.sglang.cpu.fallbacks.registry import register_patch, resolve_target
 from sglang_spec_ext.sglang.cpu.fallbacks.verify_attention import forward_extend_hook
 from sglang_spec_ext.sglang.host.platform import host_runs_cpu_engine
@@ -331,6 +332,9 @@ def install_cpu_fallbacks() -> list[str]:
         if done_sampling is not None:
             installed.append(SAMPLING_VERIFY)
         new = new or bool(done_sampling)
+    gdn, gdn_new = install_gdn_fallbacks(HookRegistry, HookType)  # GDN linear attention
+    installed += gdn
+    new = new or gdn_new
     lora.install_lora_fallbacks(HookRegistry, HookType)  # --enable-lora (logs itself)
     HookRegistry.apply_hooks()
     if present:
