@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_spec_ext.sglang.cpu.fallbacks.gdn_install import MAMBA_MODULE_OPS, TORCH_OPS
 from sglang_spec_ext.sglang.cpu.fallbacks.install import (
     FALLBACKS,
     SAMPLING_VERIFY,
@@ -17,7 +18,6 @@ from sglang_spec_ext.sglang.cpu.fallbacks.install import (
     VERIFY_ATTENTION,
     VERIFY_ATTENTION_TARGET,
 )
-from sglang_spec_ext.sglang.cpu.fallbacks.gdn_install import MAMBA_MODULE_OPS, TORCH_OPS
 from tests.harness.subproc import snippet_result
 
 ALL_OPS = [f.op for f in FALLBACKS]

@@ -114,10 +114,10 @@ def hybrid_linear_architecture(model_path: str | Path | None) -> str | None:
     return None
 
 
-def mamba_cpu_flags(args: Sequence[str]) -> list[str]:
+def mamba_cpu_flags(args: Sequence[str], model_path: str | Path | None = None) -> list[str]:
     """The :data:`MAMBA_CPU_DEFAULTS` flags ``args`` need and do not set (none for a
-    model without Mamba-style state)."""
-    model = _flag_value(args, "--model-path") or _flag_value(args, "--model")
+    model without Mamba-style state); the model is ``model_path`` or ``--model-path``."""
+    model = model_path or _flag_value(args, "--model-path") or _flag_value(args, "--model")
     if hybrid_linear_architecture(model) is None:
         return []
     out: list[str] = []
@@ -127,14 +127,15 @@ def mamba_cpu_flags(args: Sequence[str]) -> list[str]:
     return out
 
 
-def with_cpu_defaults(args: Sequence[str]) -> list[str]:
+def with_cpu_defaults(args: Sequence[str], model_path: str | Path | None = None) -> list[str]:
     """``args`` plus each :data:`CPU_DEFAULTS` flag they do not set themselves, and for a
-    model with Mamba-style state the :data:`MAMBA_CPU_DEFAULTS` ones."""
+    model with Mamba-style state (``model_path``, or the one ``args`` name) the
+    :data:`MAMBA_CPU_DEFAULTS` ones."""
     out = list(args)
     for flag, value in CPU_DEFAULTS:
         if not _sets_flag(out, flag):
             out += [flag, value]
-    return out + mamba_cpu_flags(out)
+    return out + mamba_cpu_flags(out, model_path)
 
 
 def launch_command(args: Sequence[str], python: str | None = None) -> list[str]:
