@@ -9,7 +9,7 @@ host's idle memory check ends it on a leaked KV slot or Mamba state), answer eve
 request and refuse every invalid one, and give the plain server's greedy output, also when
 re-sent after the aborts: the GDN states of aborted and finished requests never leak into
 the next request's. Eager (overlap and the graph emulation are refused for this model on
-CPU: ``test_model_families.py::test_refused_servers``).
+CPU: ``test_model_families.py`` checks the refusal).
 """
 
 from __future__ import annotations

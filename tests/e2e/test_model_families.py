@@ -4,7 +4,8 @@ Each family is a tiny random-weight model built from transformers' config classe
 (``sglang_spec_ext/models/testing/families.py``; nothing downloaded) and served by the
 real host on the CPU engine: a plain server, SUFFIX at width 8 with its defaults (tree
 drafts, ragged verify on) and adaptive SUFFIX (``SGLANG_SPEC_EXT_ADAPTIVE=1``), each
-eagerly and with overlap scheduling (``SGLANG_SPEC_EXT_CPU_OVERLAP=1``), and SUFFIX with
+eagerly and with overlap scheduling (``SGLANG_SPEC_EXT_CPU_OVERLAP=1``), SUFFIX with chain
+drafts (``SGLANG_SPEC_EXT_USE_TREE=0``) eagerly, and SUFFIX with
 overlap plus the graph emulation (``SGLANG_SPEC_EXT_CPU_GRAPHS=1``). Greedy output must
 be the plain server's token for token, sequentially (batch size 1) and concurrently; the
 accept lengths are printed and must exceed 1 somewhere.
@@ -28,7 +29,8 @@ accept lengths are printed and must exceed 1 somewhere.
   recurrent and conv states roll back to the accepted prefix through the host's
   ``commit_mamba_states_after_verify``). Its verify stays padded (the host's GDN verify
   takes one draft count per request), and overlap and the graph emulation are refused at
-  start-up (no Mamba state snapshots on the CPU platform): ``test_refused_servers``.
+  start-up (no Mamba state snapshots on the CPU platform), which the parity test checks;
+  plain decoding under the graph emulation differs (strict xfail, as for Qwen3-MoE).
 * GPT-OSS and DeepSeek-V3: the plain server does not start on the CPU engine; each is
   skipped naming the host's error (``docs/models.md``).
 """
@@ -63,6 +65,8 @@ ADAPTIVE = {  # short patience and frequent probes, as test_adaptive_serving.py
 SPEC_SERVERS = {
     "SUFFIX": (SUFFIX_ARGS, EAGER),
     "SUFFIX-adaptive": (SUFFIX_ARGS, {**EAGER, **ADAPTIVE}),
+    # chain drafts: the host's ragged layout on torch_native, the GDN chain verify
+    "SUFFIX chains": (SUFFIX_ARGS, {**EAGER, "SGLANG_SPEC_EXT_USE_TREE": "0"}),
     "SUFFIX overlap": (SUFFIX_ARGS, OVERLAP),
     "SUFFIX-adaptive overlap": (SUFFIX_ARGS, {**OVERLAP, **ADAPTIVE}),
     "SUFFIX overlap+graphs": ((*SUFFIX_ARGS, *GRAPH_ARGS), {OVERLAP_ENV: "1", GRAPHS_ENV: "1"}),
@@ -83,11 +87,15 @@ SERVED = {
         "per-request attention loop (sglang/cpu/graph_attention.py); a replay reuses the "
         "capture's lengths (plain decoding under the emulation too)",
     },
-    "qwen3_next": {},
+    "qwen3_next": {
+        "plain graphs": "CPU graph emulation: the MoE as for Qwen3-MoE (moe_forward_native), "
+        "and the GDN backend's graph metadata is not emulated (plain decoding differs from "
+        "the first decode token); SUFFIX refuses the emulation for this model",
+    },
 }
 _NEXT = "Qwen3NextForCausalLM (Mamba-style state)"
-#: Servers a family's start refuses, with the plugin's line: not started in the matrix
-#: (``test_refused_servers`` checks the refusal); no "plain graphs" server beside them.
+#: Servers a family's start refuses, with the plugin's line: not in the matrix
+#: (the parity test checks the refusal instead).
 REFUSED = {
     "qwen3_next": {
         "SUFFIX overlap": f"SGLANG_SPEC_EXT_CPU_OVERLAP=1 with {_NEXT}",
@@ -138,13 +146,12 @@ def family(request, tmp_path_factory, start_module_server):
     began = time.monotonic()
     model = FAMILIES[name][0](tmp_path_factory.mktemp("families") / name)
     refused = REFUSED.get(name, {})
-    configs = {"plain": ServerConfig(model, (), family_env(name))}
-    if not refused:
-        configs["plain graphs"] = ServerConfig(
-            model, GRAPH_ARGS, family_env(name, {GRAPHS_ENV: "1"})
-        )
+    configs = {
+        "plain": ServerConfig(model, (), family_env(name)),
+        "plain graphs": ServerConfig(model, GRAPH_ARGS, family_env(name, {GRAPHS_ENV: "1"})),
+    }
     for server, (args, env) in SPEC_SERVERS.items():
-        if server not in refused:
+        if server not in refused:  # the refused: the parity test checks the refusal
             configs[server] = ServerConfig(model, args, family_env(name, env))
     servers = start_module_server.start_all(configs)
     prompts, expected = _expected(model, servers["plain"])
@@ -178,12 +185,15 @@ def test_draft_longer_than_the_window(tmp_path_factory, start_server, request):
 
 
 @pytest.mark.parametrize("server", list(SPEC_SERVERS))
-def test_greedy_parity_with_plain_serving(family, server, request):
+def test_greedy_parity_with_plain_serving(family, server, request, tmp_path_factory):
     """Sequential then concurrent greedy requests: the plain server's output token for
-    token; verify ragged (the worker's start-up line), drafts accepted somewhere."""
+    token; verify ragged (the worker's start-up line), drafts accepted somewhere. Where
+    the plugin refuses the server for the family (:data:`REFUSED`), its start-up stops
+    with one line naming the setting to drop."""
     name, servers, prompts, expected = family
     if server in REFUSED.get(name, {}):
-        pytest.skip(f"{name}: refused at start-up ({REFUSED[name][server]}): test_refused_servers")
+        _check_refused(name, server, tmp_path_factory)
+        return
     known = SERVED[name].get(server)
     if known:
         request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=known))
@@ -194,9 +204,7 @@ def test_graph_emulation_plain_decoding(family, request):
     """Plain decoding under the graph emulation, against the eager plain server: where it
     differs, the emulation (not SUFFIX) cannot show this family's graph path."""
     name, servers, prompts, expected = family
-    if "plain graphs" not in servers:
-        pytest.skip(f"{name}: the graph emulation is refused for it (test_refused_servers)")
-    known = SERVED[name].get("SUFFIX overlap+graphs")
+    known = SERVED[name].get("plain graphs") or SERVED[name].get("SUFFIX overlap+graphs")
     if known:
         request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=known))
     got = [_greedy(servers["plain graphs"], ids)["output_ids"] for ids in prompts]
@@ -235,17 +243,14 @@ def _check_parity(
         assert PADDED[name] in log, f"{name} {server}: no padded-verify line"
     else:
         assert "SUFFIX: verify ragged" in log, f"{name} {server}: ragged verify is off"
-    if SPEC_SERVERS[server][1].get(OVERLAP_ENV) == "1":
+    if SPEC_SERVERS.get(server, ((), {}))[1].get(OVERLAP_ENV) == "1":
         assert LOOP_MESSAGE in log, f"{name} {server}: the overlap loop never ran"
     assert max(accept) > 1.0, f"{name} {server}: no draft token accepted: {accept}"
 
 
-@pytest.mark.parametrize(
-    ("fam", "server"), [(f, s) for f, servers in REFUSED.items() for s in servers]
-)
-def test_refused_servers(fam, server, tmp_path_factory):
-    """A combination the plugin cannot make correct stops at start-up with one line naming
-    the setting to drop."""
+def _check_refused(fam: str, server: str, tmp_path_factory) -> None:
+    """The plugin refuses ``server`` for ``fam`` at start-up, with one line naming the
+    setting to drop (:data:`REFUSED`)."""
     model = FAMILIES[fam][0](tmp_path_factory.mktemp("refused") / fam)
     args, env = SPEC_SERVERS[server]
     spec = CPUServer(model, args, env=family_env(fam, env), log_path=model.parent / "server.log")

@@ -289,8 +289,9 @@ def install_cpu_fallbacks() -> list[str]:
     bind the kernel. Also adds target-verify support to the ``torch_native`` attention
     backend (:data:`VERIFY_ATTENTION`), binds the sampling-verify ops the host leaves
     ``None`` (:data:`UNSET_FALLBACKS`) and, once all are bound, lets sampled requests
-    use them (:data:`SAMPLING_VERIFY`). Idempotent: a second call registers nothing new
-    and returns the same list.
+    use them (:data:`SAMPLING_VERIFY`), and covers the Gated DeltaNet kernels of hybrid
+    linear-attention models (:mod:`.gdn_install`). Idempotent: a second call registers
+    nothing new and returns the same list.
     """
     if not host_runs_cpu_engine():
         logger.debug("not the CPU engine: no CPU kernel fallbacks")
