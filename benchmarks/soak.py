@@ -163,7 +163,7 @@ def launch(
     """An unstarted server: ``with launch(...) as server`` starts it and always stops it."""
     return LaunchedServer(
         str(model),
-        with_cpu_defaults(flags),
+        with_cpu_defaults(flags, model),
         env=cpu_serving_env(extra=env),
         log_path=log_dir / f"{name}.log",
         name=name,

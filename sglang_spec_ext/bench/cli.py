@@ -140,7 +140,7 @@ def _endpoints(args: argparse.Namespace) -> list[Endpoint]:
                 Endpoint(
                     role,
                     model_path=args.model_path,
-                    args=launch.launch_args(args_),
+                    args=launch.launch_args(args_, args.model_path),
                     env=launch.env,
                     pythonpath=launch.pythonpath,
                     start_timeout_s=launch.timeout_s,

@@ -71,15 +71,15 @@ class LaunchSettings:
     serve_cpu: bool
     timeout_s: float
 
-    def launch_args(self, role_args: str = "") -> str:
+    def launch_args(self, role_args: str = "", model_path: str | None = None) -> str:
         """``--server-args``, then ``role_args``, then (with ``--serve-cpu``) the CPU
-        defaults the two do not set."""
+        defaults the two do not set (with those ``model_path``'s architecture needs)."""
         joined = f"{self.server_args} {role_args}".strip()
         if not self.serve_cpu:
             return joined
         from sglang_spec_ext.sglang.cpu.serving import with_cpu_defaults
 
-        return shlex.join(with_cpu_defaults(shlex.split(joined)))
+        return shlex.join(with_cpu_defaults(shlex.split(joined), model_path))
 
 
 def launch_settings(args: argparse.Namespace) -> LaunchSettings:

@@ -150,7 +150,7 @@ def run_live(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict], str]
     t0 = time.perf_counter()
     launch = launch_settings(args)
     points = live_search(
-        args.model_path, launch.launch_args(), space.settings(include_default=False), space.widths,
+        args.model_path, launch.launch_args(model_path=args.model_path), space.settings(include_default=False), space.widths,
         sizes, source, scenario, args.num_prompts, env=launch.env,
         pythonpath=launch.pythonpath, baseline=not args.no_baseline,
         log_dir=args.json.parent if args.json else None, timeout_s=launch.timeout_s,

@@ -4,7 +4,8 @@ Each family is a tiny random-weight model built from transformers' config classe
 (``sglang_spec_ext/models/testing/families.py``; nothing downloaded) and served by the
 real host on the CPU engine: a plain server, SUFFIX at width 8 with its defaults (tree
 drafts, ragged verify on) and adaptive SUFFIX (``SGLANG_SPEC_EXT_ADAPTIVE=1``), each
-eagerly and with overlap scheduling (``SGLANG_SPEC_EXT_CPU_OVERLAP=1``), and SUFFIX with
+eagerly and with overlap scheduling (``SGLANG_SPEC_EXT_CPU_OVERLAP=1``), SUFFIX with chain
+drafts (``SGLANG_SPEC_EXT_USE_TREE=0``) eagerly, and SUFFIX with
 overlap plus the graph emulation (``SGLANG_SPEC_EXT_CPU_GRAPHS=1``). Greedy output must
 be the plain server's token for token, sequentially (batch size 1) and concurrently; the
 accept lengths are printed and must exceed 1 somewhere.
@@ -21,8 +22,16 @@ accept lengths are printed and must exceed 1 somewhere.
   plugin's CPU verify attention (``sglang/cpu/fallbacks/verify_attention.py``) windows the
   draft keys as well as the committed prefix; before, a draft token deeper than the window
   still saw the draft tokens that fell out of it, and one prompt in six diverged.
-* GPT-OSS, DeepSeek-V3 and Qwen3-Next: the plain server does not start on the CPU engine;
-  each is skipped naming the host's error (``docs/models.md``).
+* Qwen3-Next (Gated DeltaNet layers with a full-attention layer every 2nd, MoE with a
+  shared expert): the plugin's pure-torch GDN kernels (``sglang/cpu/fallbacks/gdn_ops.py``)
+  serve it; SUFFIX fixed and adaptive, eagerly, give plain serving's output (the GDN
+  recurrent and conv states roll back to the accepted prefix through the host's
+  ``commit_mamba_states_after_verify``). Its verify stays padded (the host's GDN verify
+  takes one draft count per request), and overlap and the graph emulation are refused at
+  start-up (no Mamba state snapshots on the CPU platform), which the parity test checks;
+  plain decoding under the graph emulation differs (strict xfail, as for Qwen3-MoE).
+* GPT-OSS and DeepSeek-V3: the plain server does not start on the CPU engine; each is
+  skipped naming the host's error (``docs/models.md``).
 """
 
 from __future__ import annotations
@@ -56,6 +65,8 @@ ADAPTIVE = {  # short patience and frequent probes, as test_adaptive_serving.py
 SPEC_SERVERS = {
     "SUFFIX": (SUFFIX_ARGS, EAGER),
     "SUFFIX-adaptive": (SUFFIX_ARGS, {**EAGER, **ADAPTIVE}),
+    # chain drafts: the host's ragged layout on torch_native, the GDN chain verify
+    "SUFFIX chains": (SUFFIX_ARGS, {**EAGER, "SGLANG_SPEC_EXT_USE_TREE": "0"}),
     "SUFFIX overlap": (SUFFIX_ARGS, OVERLAP),
     "SUFFIX-adaptive overlap": (SUFFIX_ARGS, {**OVERLAP, **ADAPTIVE}),
     "SUFFIX overlap+graphs": ((*SUFFIX_ARGS, *GRAPH_ARGS), {OVERLAP_ENV: "1", GRAPHS_ENV: "1"}),
@@ -69,16 +80,29 @@ SERVED: dict[str, dict[str, str]] = {
     "qwen3_moe": {},
     "gemma3": {},
     "deepseek_v3": {},
+    "qwen3_next": {
+        "plain graphs": "CPU graph emulation: the GDN backend's graph metadata is not "
+        "emulated (plain decoding differs from the first decode token); SUFFIX refuses the "
+        "emulation for this model",
+    },
 }
+_NEXT = "Qwen3NextForCausalLM (Mamba-style state)"
+#: Servers a family's start refuses, with the plugin's line: not in the matrix
+#: (the parity test checks the refusal instead).
+REFUSED = {
+    "qwen3_next": {
+        "SUFFIX overlap": f"SGLANG_SPEC_EXT_CPU_OVERLAP=1 with {_NEXT}",
+        "SUFFIX-adaptive overlap": f"SGLANG_SPEC_EXT_CPU_OVERLAP=1 with {_NEXT}",
+        "SUFFIX overlap+graphs": f"SGLANG_SPEC_EXT_CPU_GRAPHS=1 with {_NEXT}",
+    },
+}
+#: Families whose verify stays padded, with the worker's start-up line.
+PADDED = {"qwen3_next": "SUFFIX: verify padded: linear-attention layers"}
 
 #: Families the CPU engine does not serve: (extra server arguments, the host's error the
 #: plain start must stop at). The arguments get each as far as the host lets it.
 UNSERVED = {
     "gpt_oss": ((), "requires one of ['triton', 'trtllm_mha', 'fa3'"),
-    "qwen3_next": (
-        ("--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"),
-        "no attribute 'fused_sigmoid_gating_delta_rule_update_cpu'",
-    ),
 }
 
 PROMPTS = [
@@ -113,12 +137,14 @@ def family(request, tmp_path_factory, start_module_server):
     name = request.param
     began = time.monotonic()
     model = FAMILIES[name][0](tmp_path_factory.mktemp("families") / name)
+    refused = REFUSED.get(name, {})
     configs = {
         "plain": ServerConfig(model, (), family_env(name)),
         "plain graphs": ServerConfig(model, GRAPH_ARGS, family_env(name, {GRAPHS_ENV: "1"})),
     }
     for server, (args, env) in SPEC_SERVERS.items():
-        configs[server] = ServerConfig(model, args, family_env(name, env))
+        if server not in refused:  # the refused: the parity test checks the refusal
+            configs[server] = ServerConfig(model, args, family_env(name, env))
     servers = start_module_server.start_all(configs)
     prompts, expected = _expected(model, servers["plain"])
     print(f"\n{name}: {len(servers)} servers up in {time.monotonic() - began:.0f} s")
@@ -155,10 +181,15 @@ def test_draft_longer_than_the_window(tmp_path_factory, start_server, request):
 
 
 @pytest.mark.parametrize("server", list(SPEC_SERVERS))
-def test_greedy_parity_with_plain_serving(family, server, request):
+def test_greedy_parity_with_plain_serving(family, server, request, tmp_path_factory):
     """Sequential then concurrent greedy requests: the plain server's output token for
-    token; verify ragged (the worker's start-up line), drafts accepted somewhere."""
+    token; verify ragged (the worker's start-up line), drafts accepted somewhere. Where
+    the plugin refuses the server for the family (:data:`REFUSED`), its start-up stops
+    with one line naming the setting to drop."""
     name, servers, prompts, expected = family
+    if server in REFUSED.get(name, {}):
+        _check_refused(name, server, tmp_path_factory)
+        return
     known = SERVED[name].get(server)
     if known:
         request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=known))
@@ -169,7 +200,7 @@ def test_graph_emulation_plain_decoding(family, request):
     """Plain decoding under the graph emulation, against the eager plain server: where it
     differs, the emulation (not SUFFIX) cannot show this family's graph path."""
     name, servers, prompts, expected = family
-    known = SERVED[name].get("SUFFIX overlap+graphs")
+    known = SERVED[name].get("plain graphs") or SERVED[name].get("SUFFIX overlap+graphs")
     if known:
         request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=known))
     got = [_greedy(servers["plain graphs"], ids)["output_ids"] for ids in prompts]
@@ -195,20 +226,41 @@ def _check_parity(
         print(f"\n{name} {server}: first token differing from plain per prompt {firsts}")
     assert firsts == [None] * len(prompts), f"{name} {server}: output differs from plain"
     with cf.ThreadPoolExecutor(len(prompts)) as pool:
-        together = list(pool.map(lambda ids: _greedy(spec, ids)["output_ids"], prompts))
+        again = list(pool.map(lambda ids: _greedy(spec, ids), prompts))
+    together = [out["output_ids"] for out in again]
     assert together == expected, f"{name} {server}: concurrent output differs from plain"
     accept = [float(out["meta_info"].get("spec_accept_length") or 0.0) for out in got]
+    repeat = [float(out["meta_info"].get("spec_accept_length") or 0.0) for out in again]
     log = spec.log_path.read_text(errors="replace")
     widths = sorted({int(w) for w in re.findall(r"(\d+): \d+", _widths_lines(log))})
     print(f"\n{name} {server}: accept length per prompt {[round(a, 2) for a in accept]}"
+          f" (concurrent repeat {[round(a, 2) for a in repeat]})"
           + (f", verify widths used {widths}" if widths else "")
           + f", {time.monotonic() - began:.1f} s")  # fmt: skip
-    assert "SUFFIX: verify ragged" in log, f"{name} {server}: ragged verify is off"
-    if SPEC_SERVERS[server][1].get(OVERLAP_ENV) == "1":
+    if name in PADDED:
+        assert PADDED[name] in log, f"{name} {server}: no padded-verify line"
+    else:
+        assert "SUFFIX: verify ragged" in log, f"{name} {server}: ragged verify is off"
+    if SPEC_SERVERS.get(server, ((), {}))[1].get(OVERLAP_ENV) == "1":
         assert LOOP_MESSAGE in log, f"{name} {server}: the overlap loop never ran"
-    if SPEC_SERVERS[server][1].get(GRAPHS_ENV) == "1":
+    if SPEC_SERVERS.get(server, ((), {}))[1].get(GRAPHS_ENV) == "1":
         assert REPLAY_MESSAGE in log, f"{name} {server}: no verify graph was replayed"
     assert max(accept) > 1.0, f"{name} {server}: no draft token accepted: {accept}"
+
+
+def _check_refused(fam: str, server: str, tmp_path_factory) -> None:
+    """The plugin refuses ``server`` for ``fam`` at start-up, with one line naming the
+    setting to drop (:data:`REFUSED`)."""
+    model = FAMILIES[fam][0](tmp_path_factory.mktemp("refused") / fam)
+    args, env = SPEC_SERVERS[server]
+    spec = CPUServer(model, args, env=family_env(fam, env), log_path=model.parent / "server.log")
+    with pytest.raises(ServerStartError):
+        try:
+            spec.start(timeout=300)
+        finally:
+            spec.stop(term_wait=3)
+    log = spec.log_path.read_text(errors="replace")
+    assert "cannot start" in log and REFUSED[fam][server] in log, _host_error(log)
 
 
 def _first_difference(got: list[int], want: list[int]) -> int | None:

@@ -28,6 +28,7 @@ from sglang_spec_ext.bench.servers import free_port
 from sglang_spec_ext.sglang.cpu.serving import (
     GPU_PATH_ENV,
     cpu_serving_env,
+    mamba_cpu_flags,
     placeholder_site_dir,
 )
 
@@ -164,6 +165,7 @@ class CPUServer:
             "--sleep-on-idle",
             *extra_args,
         ]
+        self.args += mamba_cpu_flags(self.args)  # Mamba-state models: what the CPU needs
         self.env = quick_server_env(env)
         if "--speculative-algorithm" in self.args:  # pytest --gpu-path (tests/conftest.py)
             for key, value in GPU_PATH_ENV[os.environ.get("SPEC_EXT_TEST_GPU_PATH", "off")].items():

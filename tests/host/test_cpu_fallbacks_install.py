@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_spec_ext.sglang.cpu.fallbacks.gdn_install import MAMBA_MODULE_OPS, TORCH_OPS
 from sglang_spec_ext.sglang.cpu.fallbacks.install import (
     FALLBACKS,
     SAMPLING_VERIFY,
@@ -21,6 +22,12 @@ from tests.harness.subproc import snippet_result
 
 ALL_OPS = [f.op for f in FALLBACKS]
 UNSET_OPS = [f.op for f in UNSET_FALLBACKS]
+#: What the GDN installer covers on this machine (gdn_install.py): every op, the hooks.
+GDN_COVERED = sorted([*MAMBA_MODULE_OPS, *TORCH_OPS]) + [
+    "mamba_state_scatter_cpu",
+    "rms_norm_gated_cpu",
+    "gate_sigmoid_mul_cpu",
+]
 UNSET_TARGETS = sorted(t for f in UNSET_FALLBACKS for t in f.targets)
 OUR_TARGETS = [t for f in FALLBACKS for t in f.targets] + [
     VERIFY_ATTENTION_TARGET,
@@ -162,7 +169,7 @@ def test_real_kernels_are_kept_and_install_is_idempotent():
     real = {"copy_all_layer_kv_cache_cpu", "top_k_renorm_prob"}
     assert res["has"] == {op: op in real for op in ALL_OPS + UNSET_OPS}
     expected = [op for op in ALL_OPS + [VERIFY_ATTENTION] + UNSET_OPS if op not in real]
-    assert res["first"] == res["second"] == expected + [SAMPLING_VERIFY]
+    assert res["first"] == res["second"] == expected + [SAMPLING_VERIFY] + GDN_COVERED
     assert res["top_k_kept"] is True
     assert res["top_p_bound"] == "sglang_spec_ext.sglang.cpu.fallbacks.sampling"
     assert res["copy_kept"] is True

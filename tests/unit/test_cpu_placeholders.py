@@ -135,6 +135,20 @@ def test_cpu_defaults_are_added_only_where_not_given() -> None:
     assert cpu_serving.with_cpu_defaults(given) == given
 
 
+def test_mamba_state_models_get_the_cpu_mamba_settings(tmp_path) -> None:
+    """A local model with Mamba-style state (Qwen3-Next) gets the no_buffer radix strategy
+    and overlap off (what the host's CPU platform allows); others, and flags given, not."""
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen3NextForCausalLM"]}')
+    args = cpu_serving.with_cpu_defaults(["--model-path", str(tmp_path)])
+    assert args[args.index("--mamba-radix-cache-strategy") + 1] == "no_buffer"
+    assert "--disable-overlap-schedule" in args
+    given = ["--model-path", str(tmp_path), "--mamba-radix-cache-strategy=no_buffer"]
+    assert cpu_serving.mamba_cpu_flags(given) == ["--disable-overlap-schedule"]
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    assert cpu_serving.mamba_cpu_flags(["--model-path", str(tmp_path)]) == []
+    assert cpu_serving.mamba_cpu_flags(["--model-path", "org/hub-name"]) == []
+
+
 def _cli(*argv: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_USE_CPU_ENGINE"}
     return subprocess.run(

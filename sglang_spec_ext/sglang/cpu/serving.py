@@ -9,7 +9,8 @@
   :mod:`sglang_spec_ext.sglang.cpu.placeholders` in the server and every process it
   spawns (the host imports ``sgl_kernel`` and ``torchvision`` although its CPU engine
   does not call them; a placeholder raises if anything does);
-* the CPU defaults :data:`CPU_DEFAULTS` for each flag the arguments do not set.
+* the CPU defaults :data:`CPU_DEFAULTS` for each flag the arguments do not set, and for
+  a model with Mamba-style state (Qwen3-Next, ...) :data:`MAMBA_CPU_DEFAULTS`.
 
 The plugin's pure-torch kernel fallbacks (installed by the plugin itself on the CPU
 engine) cover what speculative decoding needs from sgl-kernel. This module does not
@@ -19,6 +20,7 @@ import SGLang; the test harness, the demo and ``bench --serve-cpu`` use its help
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -71,13 +73,69 @@ def _sets_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
-def with_cpu_defaults(args: Sequence[str]) -> list[str]:
-    """``args`` plus each :data:`CPU_DEFAULTS` flag they do not set themselves."""
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+#: Architectures with Mamba-style recurrent state (linear attention, SSM layers).
+HYBRID_LINEAR_ARCHITECTURES = frozenset({
+    "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+    "NemotronHForCausalLM", "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM",
+    "KimiLinearForCausalLM", "MambaForCausalLM", "Mamba2ForCausalLM",
+})  # fmt: skip
+
+#: What the CPU engine needs for those: the host's Mamba radix cache without state
+#: snapshots (``extra_buffer`` needs platform support the CPU lacks), which in turn
+#: needs overlap scheduling off (``srt/arg_groups/mamba_hook.py``).
+MAMBA_CPU_DEFAULTS: tuple[tuple[str, str | None], ...] = (
+    ("--mamba-radix-cache-strategy", "no_buffer"),
+    ("--disable-overlap-schedule", None),
+)
+
+
+def hybrid_linear_architecture(model_path: str | Path | None) -> str | None:
+    """The architecture of a local model with Mamba-style state, else None (also for a
+    path without a readable ``config.json``: a hub name is not looked up)."""
+    if not model_path:
+        return None
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for arch in config.get("architectures") or ():
+        if arch in HYBRID_LINEAR_ARCHITECTURES:
+            return arch
+    return None
+
+
+def mamba_cpu_flags(args: Sequence[str], model_path: str | Path | None = None) -> list[str]:
+    """The :data:`MAMBA_CPU_DEFAULTS` flags ``args`` need and do not set (none for a
+    model without Mamba-style state); the model is ``model_path`` or ``--model-path``."""
+    model = model_path or _flag_value(args, "--model-path") or _flag_value(args, "--model")
+    if hybrid_linear_architecture(model) is None:
+        return []
+    out: list[str] = []
+    for flag, value in MAMBA_CPU_DEFAULTS:
+        if not _sets_flag(args, flag):
+            out += [flag] if value is None else [flag, value]
+    return out
+
+
+def with_cpu_defaults(args: Sequence[str], model_path: str | Path | None = None) -> list[str]:
+    """``args`` plus each :data:`CPU_DEFAULTS` flag they do not set themselves, and for a
+    model with Mamba-style state (``model_path``, or the one ``args`` name) the
+    :data:`MAMBA_CPU_DEFAULTS` ones."""
     out = list(args)
     for flag, value in CPU_DEFAULTS:
         if not _sets_flag(out, flag):
             out += [flag, value]
-    return out
+    return out + mamba_cpu_flags(out, model_path)
 
 
 def launch_command(args: Sequence[str], python: str | None = None) -> list[str]:

@@ -49,10 +49,42 @@ def plugin_config() -> PluginConfig:
         raise ConfigError(f"sglang-spec-ext configuration error: {e}") from None
 
 
+def _mamba_cpu_problems(algo: str, args: Any, device: str) -> list[str]:
+    """The CPU test bed's emulations a model with Mamba-style state (GDN) cannot take:
+    overlap needs the host's ``extra_buffer`` state snapshots, which its CPU platform lacks
+    (``--mamba-radix-cache-strategy no_buffer`` refuses overlap); the graph emulation's
+    verify metadata does not cover the GDN backend (neither tried nor made correct)."""
+    if device != "cpu":
+        return []
+    from sglang_spec_ext.sglang.cpu.graph_capture import ENV as GRAPHS_ENV
+    from sglang_spec_ext.sglang.cpu.graph_capture import cpu_graphs_requested
+    from sglang_spec_ext.sglang.cpu.overlap import ENV as OVERLAP_ENV
+    from sglang_spec_ext.sglang.cpu.overlap import cpu_overlap_requested
+    from sglang_spec_ext.sglang.cpu.serving import hybrid_linear_architecture
+
+    arch = hybrid_linear_architecture(_get(args, "model_path"))
+    if arch is None:
+        return []
+    problems = []
+    if cpu_overlap_requested():
+        problems.append(
+            f"{OVERLAP_ENV}=1 with {arch} (Mamba-style state): overlap scheduling needs "
+            "--mamba-radix-cache-strategy extra_buffer, whose state snapshots the CPU "
+            f"platform lacks; unset {OVERLAP_ENV} ({algo} runs eagerly on it)"
+        )
+    if cpu_graphs_requested():
+        problems.append(
+            f"{GRAPHS_ENV}=1 with {arch} (Mamba-style state): the CPU graph emulation does "
+            f"not cover the GDN backend's verify; unset {GRAPHS_ENV}"
+        )
+    return problems
+
+
 def _flag_problems(algo: str, args: Any) -> list[str]:
     """Every flag that cannot be combined with ``algo``, each with its fix."""
     problems = []
     device = str(_get(args, "device") or "cuda").split(":", 1)[0]
+    problems += _mamba_cpu_problems(algo, args, device)
     if device not in SUPPORTED_DEVICES:
         problems.append(
             f"--device {device}: {algo} supports {', '.join(SUPPORTED_DEVICES)}; "

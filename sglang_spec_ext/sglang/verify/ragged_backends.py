@@ -121,11 +121,21 @@ _CUT_PROBLEMS = {
 }
 
 
+#: The host's wrapper of full-attention and linear-attention (GDN, Mamba) layers.
+HYBRID_LINEAR_BACKEND = "HybridLinearAttnBackend"
+
+
 def ragged_route(model_runner: Any, chains: bool) -> tuple[RaggedRoute | None, str | None]:
     """The route of a target whose drafts are chains (``chains``) or trees: ``(route,
     None)``, or ``(None, why the verify stays padded)``."""
     backend = getattr(model_runner, "attn_backend", None)
     name = type(backend).__name__
+    if name == HYBRID_LINEAR_BACKEND:
+        return None, (
+            "linear-attention layers (HybridLinearAttnBackend: GDN / Mamba state): the host's "
+            "GDN target verify reshapes the verify tokens to one draft count per request and "
+            "keeps per-step states at that width; verify stays padded to the batch's width"
+        )
     check = fa3_tree_ragged_problem if name == FA3_BACKEND and not chains else None
     check = check or _CUT_PROBLEMS.get(name)
     if check is not None:

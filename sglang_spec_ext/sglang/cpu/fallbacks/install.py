@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from sglang_spec_ext.sglang.cpu.fallbacks import lora, ops, sampling
+from sglang_spec_ext.sglang.cpu.fallbacks.gdn_install import install_gdn_fallbacks
 from sglang_spec_ext.sglang.cpu.fallbacks.registry import register_patch, resolve_target
 from sglang_spec_ext.sglang.cpu.fallbacks.verify_attention import forward_extend_hook
 from sglang_spec_ext.sglang.host.platform import host_runs_cpu_engine
@@ -288,8 +289,9 @@ def install_cpu_fallbacks() -> list[str]:
     bind the kernel. Also adds target-verify support to the ``torch_native`` attention
     backend (:data:`VERIFY_ATTENTION`), binds the sampling-verify ops the host leaves
     ``None`` (:data:`UNSET_FALLBACKS`) and, once all are bound, lets sampled requests
-    use them (:data:`SAMPLING_VERIFY`). Idempotent: a second call registers nothing new
-    and returns the same list.
+    use them (:data:`SAMPLING_VERIFY`), and covers the Gated DeltaNet kernels of hybrid
+    linear-attention models (:mod:`.gdn_install`). Idempotent: a second call registers
+    nothing new and returns the same list.
     """
     if not host_runs_cpu_engine():
         logger.debug("not the CPU engine: no CPU kernel fallbacks")
@@ -331,6 +333,9 @@ def install_cpu_fallbacks() -> list[str]:
         if done_sampling is not None:
             installed.append(SAMPLING_VERIFY)
         new = new or bool(done_sampling)
+    gdn, gdn_new = install_gdn_fallbacks(HookRegistry, HookType)  # GDN linear attention
+    installed += gdn
+    new = new or gdn_new
     lora.install_lora_fallbacks(HookRegistry, HookType)  # --enable-lora (logs itself)
     HookRegistry.apply_hooks()
     if present:
