@@ -174,6 +174,28 @@ def test_serve_cpu_subcommand_prints_its_command() -> None:
     )
 
 
+def test_multi_rank_servers_get_a_core_binding_where_the_host_would_stop() -> None:
+    """The host's CPU engine stops at start-up when ranks outnumber NUMA nodes and
+    SGLANG_CPU_OMP_THREADS_BIND is unset; serve-cpu splits the cores instead."""
+    ranks = cpu_serving.cpu_ranks
+    assert ranks(["--model-path", "/m"]) == 1
+    assert ranks(["--tp-size", "2"]) == 2
+    assert ranks(["--tp-size", "2", "--dp-size", "2"]) == 4  # plain DP: a TP group per replica
+    assert ranks(["--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"]) == 2
+    assert ranks(["--tp", "2", "--attn-dp-size", "2"]) == 2
+    bind = cpu_serving.omp_bind_for
+    assert bind(1, [0, 1], numa_nodes=1) is None
+    assert bind(2, [0, 1, 2, 3], numa_nodes=2) is None  # a node per rank: the host's default
+    assert bind(2, [0, 1, 2, 3], numa_nodes=1) == "0-1|2-3"
+    assert bind(2, [0, 1], numa_nodes=1) == "0|1"
+    assert bind(4, [0, 1], numa_nodes=1) == "0|1|0|1"  # fewer cores than ranks: shared
+    assert bind(3, [4, 5, 6, 7, 8, 9, 10], numa_nodes=1) == "4-5|6-7|8-9"
+    out = _cli("serve-cpu", "--print-command", "--", "--model-path", "/m", "--tp-size", "4")
+    assert out.returncode == 0, out.stderr
+    assert any(line.startswith("SGLANG_CPU_OMP_THREADS_BIND=") for line in out.stdout.splitlines())
+    assert "set it yourself to choose" in out.stderr
+
+
 def test_serve_cpu_without_a_model_path_names_the_flag() -> None:
     out = _cli("serve-cpu", "--", "--port", "1234")
     assert out.returncode == 2

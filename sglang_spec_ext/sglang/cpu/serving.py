@@ -166,6 +166,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: The host's per-rank core binding for CPU ranks (``srt/utils``: without it, it wants a
+#: NUMA node per rank and stops at start-up otherwise).
+OMP_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+
+
+def cpu_ranks(args: Sequence[str]) -> int:
+    """How many scheduler processes ``args`` start: ``tp * pp`` times ``dp`` (under DP
+    attention the DP ranks are the TP ranks)."""
+
+    def size(*flags: str) -> int:
+        for flag in flags:
+            value = _flag_value(args, flag)
+            if value is not None:
+                return max(int(value), 1)
+        return 1
+
+    tp, pp = size("--tp-size", "--tp"), size("--pp-size", "--pp")
+    dp_attention = _sets_flag(args, "--enable-dp-attention") or size("--attn-dp-size") > 1
+    dp = 1 if dp_attention else size("--dp-size", "--dp")
+    return tp * pp * dp
+
+
+def _numa_nodes() -> int:
+    nodes = list(Path("/sys/devices/system/node").glob("node[0-9]*"))
+    return max(len(nodes), 1)
+
+
+def omp_bind_for(ranks: int, cores: Sequence[int], numa_nodes: int) -> str | None:
+    """A ``SGLANG_CPU_OMP_THREADS_BIND`` value giving each of ``ranks`` ranks its own
+    share of ``cores`` (``"0-3|4-7"``; ranks share cores round robin when there are
+    fewer cores than ranks), or None where the host's default (a NUMA node per rank)
+    applies."""
+    if ranks <= numa_nodes or not cores:
+        return None
+    cores = sorted(cores)
+    if len(cores) < ranks:
+        return "|".join(str(cores[i % len(cores)]) for i in range(ranks))
+    per = len(cores) // ranks
+    groups = [cores[i * per : (i + 1) * per] for i in range(ranks)]
+    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
+
+
+def _bind_ranks(launch_args: Sequence[str], env: dict[str, str]) -> None:
+    """Set :data:`OMP_BIND_ENV` for a multi-rank server where the user did not and the
+    host would otherwise stop (more ranks than NUMA nodes), saying so on stderr."""
+    if env.get(OMP_BIND_ENV):
+        return
+    ranks = cpu_ranks(launch_args)
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    value = omp_bind_for(ranks, cores, _numa_nodes())
+    if value is not None:
+        env[OMP_BIND_ENV] = value
+        print(f"serve-cpu: {ranks} ranks on {len(cores)} cores and {_numa_nodes()} NUMA "
+              f"node(s): {OMP_BIND_ENV}={value} (set it yourself to choose)", file=sys.stderr)  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     launch_args = list(args.launch_args)
     if launch_args[:1] == ["--"]:
@@ -179,9 +235,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cmd = launch_command(launch_args)
     env = cpu_serving_env()
+    _bind_ranks(launch_args, env)
     if args.print_command:
         print(f"SGLANG_USE_CPU_ENGINE={env['SGLANG_USE_CPU_ENGINE']}")
         print(f"PYTHONPATH={env['PYTHONPATH']}")
+        if env.get(OMP_BIND_ENV):
+            print(f"{OMP_BIND_ENV}={env[OMP_BIND_ENV]}")
         print(" ".join(cmd))
         return 0
     sys.stdout.flush()
