@@ -153,14 +153,16 @@ def _install_cpu_engine(config: PluginConfig) -> list[str]:
     draft attention where configured, and the CUDA-graph emulation where switched on."""
     installed: list[str] = []
     if config.cpu_fallbacks:
-        from sglang_spec_ext.sglang.cpu.deepseek import install_deepseek_cpu
         from sglang_spec_ext.sglang.cpu.dp_attention import install_dp_attention_cpu
         from sglang_spec_ext.sglang.cpu.draft_attention import install_draft_attention
         from sglang_spec_ext.sglang.cpu.fallbacks.install import install_cpu_fallbacks
+        from sglang_spec_ext.sglang.cpu.mla import install_mla_cpu
+        from sglang_spec_ext.sglang.cpu.mtp_heads import install_mtp_heads_cpu
 
         installed += install_cpu_fallbacks()
         installed += install_draft_attention()
-        installed += install_deepseek_cpu()
+        installed += install_mla_cpu()
+        installed += install_mtp_heads_cpu()
         installed += install_dp_attention_cpu()
     else:
         logger.debug("CPU kernel fallbacks disabled by configuration")

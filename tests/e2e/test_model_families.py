@@ -330,7 +330,7 @@ def test_family_the_cpu_engine_cannot_serve(unserved_starts, fam):
 
 
 def test_mla_plain_serving_matches_transformers(family, tmp_path_factory):
-    """The absorbed MLA method the plugin picks for ``torch_native`` (``cpu/deepseek.py``)
+    """The absorbed MLA method the plugin picks for ``torch_native`` (``cpu/mla.py``)
     against transformers' own DeepSeek-V3 (its MHA form over the decompressed latent),
     greedy, on the same tiny weights: the plain server the matrix compares against is
     itself right. (transformers' attention needs as many KV heads as query heads here.)"""

@@ -237,7 +237,7 @@ def build_tiny_deepseek_v3(
     low-rank projections of 32, a decoupled rope part of 16, nope and value heads of 16),
     the first layer dense and the others MoE (``num_experts`` routed experts, 2 per token,
     sigmoid scores with the ``noaux_tc`` bias, one shared expert). The CPU engine serves it
-    through the absorbed MLA method (``sglang_spec_ext/sglang/cpu/deepseek.py``).
+    through the absorbed MLA method (``sglang_spec_ext/sglang/cpu/mla.py``).
 
     ``nextn``: one NextN MTP layer as DeepSeek ships it (``num_nextn_predict_layers`` 1,
     the layer under ``model.layers.<num_layers>.``: a decoder layer plus ``enorm``,
@@ -318,15 +318,25 @@ def build_tiny_qwen3_next(
     hidden_size: int = 64,
     num_experts: int = 4,
     initializer_range: float = 0.1,
+    mtp: bool = False,
 ) -> Path:
     """A random tiny ``Qwen3NextForCausalLM``: Gated DeltaNet (linear attention) layers
     with a gated full-attention layer every ``full_attention_interval`` (the host reads
     that field, transformers 5 writes only ``layer_types``), MoE MLPs with a shared
-    expert. No MTP layer."""
+    expert.
+
+    ``mtp``: its MTP layer as Qwen3-Next ships it (``mtp.fc``,
+    ``mtp.pre_fc_norm_embedding``, ``mtp.pre_fc_norm_hidden``, one full-attention MoE
+    decoder layer ``mtp.layers.0`` and ``mtp.norm``; the embedding and head are the
+    target's), which the host serves as ``Qwen3NextForCausalLMMTP`` under NEXTN / EAGLE
+    or HYBRID. It copies the target's last full-attention layer and passes the token half
+    of ``fc`` through (as ``build_tiny_deepseek_v3(nextn=True)``)."""
     stamp = {"builder": f"{__name__}.build_tiny_qwen3_next", "seed": seed,
              "num_layers": num_layers, "full_attention_interval": full_attention_interval,
              "hidden_size": hidden_size, "num_experts": num_experts,
              "initializer_range": initializer_range}  # fmt: skip
+    if mtp:
+        stamp["tweak"] = "_qwen3_next_mtp"
 
     def make(tokenizer):
         from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
@@ -354,6 +364,34 @@ def build_tiny_qwen3_next(
         return config, Qwen3NextForCausalLM
 
     return _build_cached(model_dir, stamp, make)
+
+
+def _qwen3_next_mtp(model: Any, seed: int) -> None:
+    """Add the MTP layer (``build_tiny_qwen3_next(mtp=True)``). Qwen3-Next's norms are
+    Gemma-style (``x * (1 + w)``)."""
+    import copy
+
+    import torch
+
+    layers = model.model.layers
+    full = [i for i, t in enumerate(model.config.layer_types) if t == "full_attention"]
+    hidden = model.config.hidden_size
+
+    def norm(value: torch.Tensor) -> torch.nn.Module:
+        module = torch.nn.Module()
+        module.weight = torch.nn.Parameter(value.clone())
+        return module
+
+    mtp = torch.nn.Module()
+    mtp.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
+    mtp.fc.weight.data = torch.cat((torch.eye(hidden), torch.zeros(hidden, hidden)), 1)
+    rms = float(model.model.embed_tokens.weight.pow(2).mean().sqrt())
+    mtp.pre_fc_norm_embedding = norm(torch.full((hidden,), rms - 1.0))
+    mtp.pre_fc_norm_hidden = norm(torch.zeros(hidden))
+    mtp.layers = torch.nn.ModuleList([copy.deepcopy(layers[full[-1]])])
+    mtp.norm = norm(model.model.norm.weight.data)
+    model.mtp = mtp
+    model.config.mtp_num_hidden_layers = 1  # what Qwen3-Next's config.json says
 
 
 #: Family name -> (builder, the host's model module(s) that serve it: what a test server

@@ -1,6 +1,5 @@
-"""The DeepSeek family (MLA, NextN MTP) on the CPU engine.
+"""MLA models (DeepSeek-V3 and kin) on the CPU engine's ``torch_native`` attention.
 
-**MLA on ``torch_native``.**
 The host picks an MLA model's attention method per forward from a handler per backend
 (``srt/models/deepseek_common/attention_backend_handler.py``). ``torch_native`` has
 none, so it gets the triton handler, whose fresh prefills take the MHA method: queries
@@ -13,18 +12,12 @@ target verify on every backend, and for everything under deterministic inference
 plain multi-query attention over the latent: queries ``kv_lora_rank + qk_rope`` wide
 (``w_kc`` folded in), one KV head holding the pool's row (the key) and its first
 ``kv_lora_rank`` columns (the value), written with the pool's own ``set_kv_buffer``.
-``torch_native`` runs exactly that. :func:`install_mla_handler` registers a
+``torch_native`` runs exactly that. :func:`install_mla_cpu` registers a
 ``torch_native`` handler choosing it for every forward (the host's own subtype
 dispatch, so an AMX CPU keeps its fused-rope method).
 
-**The NextN draft's shared embedding and head.** A NextN (MTP) draft takes the target's
-embedding and LM head through ``set_embed_and_head``, which in
-``DeepseekV2ForCausalLM`` ends with ``torch.cuda.empty_cache()`` and
-``torch.cuda.synchronize()``: on a CPU-only torch that raises ("Torch not compiled with
-CUDA enabled") while the draft worker allocates its pools. :func:`set_embed_and_head`
-does the same swap and then what the platform has (nothing to free or wait for on CPU).
-
-Both are installed only on the CPU engine (``install_deepseek_cpu``).
+Installed only on the CPU engine. (The NextN draft's shared embedding and head:
+``mtp_heads.py``.)
 """
 
 from __future__ import annotations
@@ -46,20 +39,9 @@ def handle_attention_torch_native(attn: Any, forward_batch: Any) -> Any:
     return handler._dispatch_mla_subtype(attn, forward_batch)
 
 
-#: The DeepSeek model class whose embedding/head swap calls CUDA.
-EMBED_HEAD_TARGET = "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM.set_embed_and_head"
-
-
-def set_embed_and_head(self: Any, embed: Any, head: Any) -> None:
-    """REPLACE for ``DeepseekV2ForCausalLM.set_embed_and_head``: the host's swap of the
-    embedding and LM head weights, without its CUDA cache release and sync."""
-    del self.model.embed_tokens.weight
-    del self.lm_head.weight
-    self.model.embed_tokens.weight = embed
-    self.lm_head.weight = head
-
-
-def _install_mla_handler() -> list[str]:
+def install_mla_cpu() -> list[str]:
+    """Register :func:`handle_attention_torch_native` with the host's registry (where the
+    host has none of its own for ``torch_native``)."""
     import importlib
 
     try:
@@ -72,14 +54,3 @@ def _install_mla_handler() -> list[str]:
         return []
     registry.register(BACKEND, handle_attention_torch_native)
     return ["cpu_mla_torch_native"]
-
-
-def install_deepseek_cpu() -> list[str]:
-    """Register :func:`handle_attention_torch_native` with the host's registry (where the
-    host has none of its own for ``torch_native``) and the CPU ``set_embed_and_head``."""
-    from sglang.srt.plugins.hook_registry import HookType
-
-    from sglang_spec_ext.sglang.host.hooks import register_hooks_once
-
-    register_hooks_once([(EMBED_HEAD_TARGET, set_embed_and_head, HookType.REPLACE)])
-    return [*_install_mla_handler(), "cpu_deepseek_embed_head"]
