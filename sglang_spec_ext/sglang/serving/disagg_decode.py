@@ -17,7 +17,10 @@ nothing is relayed (``accept_lens`` 0): the first token is in ``req.output_ids``
 not in flight. Under overlap scheduling it is published and stashed in the future map as
 the host's EAGLE path does for its prebuilt batches.
 
-The drafter needs nothing else from the prefill server: the SUFFIX worker's session for a
+The wire schema of the pair matches a prefill server without speculation: SUFFIX carries
+no draft hidden states (the metadata buffers keep the host's 16-float padding row,
+``scheduler.py``) and has no draft KV pool to transfer. The drafter needs nothing else from
+the prefill server: the SUFFIX worker's session for a
 request starts at its first decode step from ``req.origin_input_ids`` (the decode server
 tokenizes the same request) and ``req.output_ids`` (``workers/suffix_sessions.py``), with
 the request's tenant scope from its own ``cache_salt`` / ``extra_key`` / LoRA.
