@@ -211,6 +211,10 @@ def test_tenants_and_caps_as_on_one_server(pair):
     # request is not capped (docs/distributed.md says to use the MiniLB or direct requests)
     capped = _steps(pair.router.generate, QUESTIONS[:1], cap=0)
     assert capped[0] < NEW_TOKENS - 1, capped
+    # ... and a new tenant's request drafts from the default scope, which has just learned
+    # this answer (a new scope would take a fresh tenant's steps: pd["a, first"][0])
+    salted = _steps(pair.router.generate, QUESTIONS[:1], "tenant-z")
+    assert salted[0] < pd["a, first"][0], (salted, pd)
 
 
 def _stream_and_disconnect(url: str, text: str) -> int:
