@@ -112,8 +112,8 @@ def _disaggregation_problems(algo: str, args: Any) -> list[str]:
         return [
             f"--disaggregation-mode {mode}: HYBRID's model draft would need its state from "
             "the prefill server (the draft's KV cache, and for EAGLE drafts the first "
-            "step's top-k and hidden states), which the host transfers only for its own "
-            "EAGLE/DSPARK/DFLASH and HYBRID's workers neither send nor seed; use "
+            "step's top-k and hidden states); HYBRID's workers are not wired or tested to "
+            "send it (prefill) or seed their drafts from it (decode); use "
             "--speculative-algorithm SUFFIX on the decode server"
         ]
     if mode == "prefill":
