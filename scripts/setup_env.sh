@@ -36,6 +36,17 @@ echo "[setup] torch 2.13.0 (CPU build)"
 pipq torch==2.13.0
 echo "[setup] host dependencies (pure Python / CPU wheels)"
 pipq -r requirements/host-cpu.txt
+# Mooncake's transfer engine (PD disaggregation) links libibverbs.so.1 even for its TCP
+# transport; Debian ships it as libibverbs1 (no RDMA device is needed to load it).
+if ! python -c "import mooncake.engine" 2>/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "[setup] libibverbs1 (Mooncake's transfer engine links it)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1) \
+      >/dev/null || echo "[setup] WARNING: libibverbs1 not installed; PD tests will skip" >&2
+  else
+    echo "[setup] WARNING: mooncake.engine does not import (libibverbs1 missing?); PD tests will skip" >&2
+  fi
+fi
 echo "[setup] sglang==0.5.23 without its GPU-only dependencies"
 pipq --no-deps "sglang==0.5.23"
 echo "[setup] small real model and prompt sets (no download at run time)"

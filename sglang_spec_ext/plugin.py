@@ -32,7 +32,9 @@ mechanism (``sglang/host/hooks.py``), which imports none of them. What is instal
   (``sglang/verify/kv_reserve.py``); with ``SGLANG_SPEC_EXT_DRAFT_KV_REPAIR=1`` the
   draft-KV repair for STANDALONE drafts at zero steps (``sglang/model_drafts/kv_repair.py``);
 * on the host's CPU engine only (``sglang/cpu``, never imported on a GPU host): the
-  pure-torch kernel fallbacks and ``torch_native`` draft attention, switched by
+  pure-torch kernel fallbacks, ``torch_native`` draft attention and the stand-ins for
+  the CUDA of the host's prefill-decode disaggregation (``sglang/cpu/disaggregation.py``),
+  switched by
   ``SGLANG_SPEC_EXT_CPU_FALLBACKS`` (default on), and the CUDA-graph and overlap
   emulations (``SGLANG_SPEC_EXT_CPU_GRAPHS=1``, ``SGLANG_SPEC_EXT_CPU_OVERLAP=1``).
 """
@@ -153,6 +155,7 @@ def _install_cpu_engine(config: PluginConfig) -> list[str]:
     draft attention where configured, and the CUDA-graph emulation where switched on."""
     installed: list[str] = []
     if config.cpu_fallbacks:
+        from sglang_spec_ext.sglang.cpu.disaggregation import install_cpu_disaggregation
         from sglang_spec_ext.sglang.cpu.dp_attention import install_dp_attention_cpu
         from sglang_spec_ext.sglang.cpu.draft_attention import install_draft_attention
         from sglang_spec_ext.sglang.cpu.fallbacks.install import install_cpu_fallbacks
@@ -164,6 +167,7 @@ def _install_cpu_engine(config: PluginConfig) -> list[str]:
         installed += install_mla_cpu()
         installed += install_mtp_heads_cpu()
         installed += install_dp_attention_cpu()
+        installed += install_cpu_disaggregation()  # CUDA stand-ins of the host's PD code
     else:
         logger.debug("CPU kernel fallbacks disabled by configuration")
     from sglang_spec_ext.sglang.cpu.graphs import install_cpu_graphs

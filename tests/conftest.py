@@ -53,7 +53,8 @@ from tests.harness.skip_policy import (  # noqa: E402
 #: unit tests, which fill the gaps). xdist keeps this order only with
 #: ``--no-loadscope-reorder`` (scripts/test.sh); by default it sorts files by test count.
 COSTLIEST_FIRST = (
-    "test_model_families", "test_family_mtp", "test_router_replicas", "test_dp_attention",
+    "test_model_families", "test_family_mtp", "test_router_replicas", "test_pd_disaggregation",
+    "test_dp_attention",
     "test_cpu_graphs_serving", "test_overlap_parity", "test_hybrid_overlap", "test_smollm2_serving",
     "test_lora_serving", "test_sampling_distribution", "test_context_limit",
     "test_model_draft_adaptive_serving", "test_snapshot_restart", "test_mtp_serving",

@@ -12,27 +12,17 @@ servers start their schedulers by fork, whose shutdown write is not relied on he
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import requests
-
-from sglang_spec_ext.bench.servers import free_port
 
 pytestmark = pytest.mark.e2e
 
 WIDTH = 8
 NEW_TOKENS = 24
 SUFFIX_ARGS = ("--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", str(WIDTH))
-#: The host's /health runs a one-token generation: on the CPU engine, under load, that can
-#: take longer than the router's default health-check timeout.
-ROUTER_CPU_ARGS = ("--health-check-timeout-secs", "60", "--health-check-interval-secs", "30")
 PROMPTS = [
     "counting: " + ", ".join(str(i) for i in range(12)),
     "The lighthouse keeper wrote in the log every night",
@@ -45,45 +35,12 @@ if importlib.util.find_spec("sglang_router") is None:
         "sglang-router is not installed (scripts/setup_env.sh installs it)", allow_module_level=True
     )
 
+from tests.harness.router import Router, replica_router_args  # noqa: E402
 
-class Router:
-    """``python -m sglang_router.launch_router`` in front of ``workers``."""
 
-    def __init__(self, workers: list[str], policy: str, log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-               "--port", str(self.port), "--policy", policy, "--worker-urls", *workers,
-               "--log-level", "warn", *ROUTER_CPU_ARGS]  # fmt: skip
-        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:  # ready: its workers registered and healthy
-            assert self.proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            try:
-                if requests.get(self.url + "/readiness", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        raise AssertionError("router not ready: " + log.read_text(errors="replace")[-3000:])
-
-    def generate(self, text: str) -> dict:
-        payload = {"text": text, "sampling_params": {"max_new_tokens": NEW_TOKENS,
-                   "temperature": 0, "ignore_eos": True}}  # fmt: skip
-        r = requests.post(self.url + "/generate", json=payload, timeout=300)
-        assert r.status_code == 200, r.text[:2000]
-        return r.json()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self._log.close()
+def _payload(text: str) -> dict:
+    return {"text": text, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0,
+            "ignore_eos": True}}  # fmt: skip
 
 
 def _greedy(server, text: str) -> dict:
@@ -125,9 +82,9 @@ def test_replicas_behind_the_router(tiny_model_dir, tiny_baseline_server, start_
     accept: dict[str, float] = {"single, repeats": _accept(single[1])}
     workers = [servers["a"].base_url, servers["b"].base_url]
     for policy in ("cache_aware", "round_robin"):
-        router = Router(workers, policy, tmp_path / f"router-{policy}.log")
+        router = Router(replica_router_args(workers, policy), tmp_path / f"router-{policy}.log")
         try:
-            rounds = [[router.generate(p) for p in PROMPTS] for _round in range(2)]
+            rounds = [[router.generate(_payload(p)) for p in PROMPTS] for _round in range(2)]
         finally:
             router.stop()
         for outs in rounds:

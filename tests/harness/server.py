@@ -136,9 +136,10 @@ class CPUServer:
         env: dict[str, str] | None = None,
         log_path: str | Path | None = None,
         max_total_tokens: int = 8192,
+        port: int | None = None,
     ) -> None:
         self.model_path = str(model_path)
-        self.port = free_port()
+        self.port = port or free_port()  # a given port: a restart where its peers expect it
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.args = [
             sys.executable,

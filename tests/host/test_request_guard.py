@@ -20,9 +20,11 @@ CASES = {"plain": {}, "repetition": {"repetition_penalty": 1.3},
          "spec_off": {"custom_params": {"spec_ext": {"max_draft_tokens": 0}}},
          "spec_bad": {"custom_params": {"spec_ext": {"max_draft_tokens": -2}}}}
 res = {}
-for algo in ("SUFFIX", "NGRAM", None):
+for algo in ("SUFFIX", "NGRAM", None, "prefill"):
     fields = {"page_size": 1}
-    if algo:
+    if algo == "prefill":  # the plain prefill server of a PD pair
+        fields.update(disaggregation_mode="prefill")
+    elif algo:
         fields.update(speculative_algorithm=algo, speculative_num_draft_tokens=8)
     with get_context().override_server_args(**fields):
         for name, kw in CASES.items():
@@ -55,3 +57,14 @@ def test_bad_per_request_speculation_settings_are_refused_under_our_algorithms()
     assert "--speculative-algorithm SUFFIX" in msg
     # other algorithms and plain serving do not read the setting: the host's behaviour
     assert res["NGRAM/spec_bad"] == "ok" and res["None/spec_bad"] == "ok"
+
+
+def test_a_pd_prefill_server_refuses_bad_settings_as_its_decode_server_does():
+    """Both servers of a pair get each request: a bad setting refused by both at once."""
+    res = snippet_result(SNIPPET)
+    msg = res["prefill/spec_bad"]
+    assert msg.startswith("prefill server of a prefill-decode pair: "), msg
+    assert "max_draft_tokens=-2" in msg
+    assert res["prefill/spec_off"] == res["prefill/plain"] == "ok"
+    # penalties are refused by a SUFFIX server only (a prefill server cannot know its peer's)
+    assert res["prefill/repetition"] == "ok"

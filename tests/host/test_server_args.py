@@ -99,6 +99,32 @@ def test_incompatible_flags_are_rejected_with_the_flag_named(model_dir, flags, m
         resolve(model_dir, *flags)
 
 
+def test_decode_server_of_a_pd_pair_resolves(model_dir):
+    v = resolve(model_dir, "--disaggregation-mode", "decode",
+                "--disaggregation-transfer-backend", "mooncake")  # fmt: skip
+    assert v.disaggregation_mode == "decode" and v.speculative_algorithm == "SUFFIX"
+    assert v.speculative_num_draft_tokens == 16
+
+
+@pytest.mark.parametrize(
+    ("algo", "flags", "message"),
+    [
+        ("suffix", ["--disaggregation-mode", "prefill"],
+         "--disaggregation-mode prefill: SUFFIX drafts only on the decode server"),
+        ("suffix", ["--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache"],
+         r"--disaggregation-decode-enable-radix-cache is incompatible with speculative"),
+        ("hybrid", ["--disaggregation-mode", "decode"],
+         "--disaggregation-mode decode: HYBRID's model draft would need its state"),
+        ("hybrid", ["--disaggregation-mode", "prefill"], "--disaggregation-mode prefill: HYBRID"),
+    ],
+)  # fmt: skip
+def test_pd_roles_that_cannot_work_are_refused_with_the_reason(model_dir, algo, flags, message):
+    run = resolve_hybrid if algo == "hybrid" else resolve
+    extra = ["--speculative-draft-model-path", model_dir] if algo == "hybrid" else []
+    with pytest.raises(Exception, match=message):
+        run(model_dir, *extra, *flags, "--disaggregation-transfer-backend", "mooncake")
+
+
 @pytest.mark.parametrize(
     "flags",
     [("--enable-dp-attention", "--dp-size", "2", "--tp-size", "2"),

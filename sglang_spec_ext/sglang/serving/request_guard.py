@@ -11,7 +11,10 @@ server with the tiny test model and SUFFIX: repetition penalty 1.3 gave identica
 greedy output on 1 prompt of 4, frequency or presence penalty 0.8 on 0 of 4.
 
 The same hook refuses a bad per-request speculation setting
-(``custom_params["spec_ext"]``, ``request_options.py``) with a 400 naming the field.
+(``custom_params["spec_ext"]``, ``request_options.py``) with a 400 naming the field, on
+a server of a prefill-decode pair too (the prefill server runs no speculation, but a
+request the SUFFIX decode server alone refused would hold the prefill server's KV until
+the host's bootstrap timeout).
 
 Our algorithms promise the target's output, so a request with such an option is
 refused at admission (a 400 answer naming the option) instead of served wrong. The
@@ -63,6 +66,17 @@ def _our_algorithm() -> str | None:
     return name if name in ALGORITHMS else None
 
 
+def _pd_role() -> str | None:
+    """``prefill`` / ``decode`` on a server of a prefill-decode pair, else None."""
+    from sglang.srt.runtime_context import get_disagg
+
+    try:
+        mode = get_disagg().disaggregation_mode
+    except Exception:  # no published config in this process
+        return None
+    return mode if mode in ("prefill", "decode") else None
+
+
 def verify_guard(params: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE hook of ``SamplingParams.verify``: raise ``ValueError`` for unsupported
     options and for bad per-request speculation settings (``request_options.py``)."""
@@ -72,6 +86,12 @@ def verify_guard(params: Any, *args: Any, **kwargs: Any) -> None:
         return None
     algorithm = _our_algorithm()
     if algorithm is None:
+        role = _pd_role()
+        if settings and role is not None:
+            # Both servers of a PD pair get each request: refused by the SUFFIX decode
+            # server alone, it would hold the prefill server's KV until the host's
+            # bootstrap timeout (and a router waiting for both answers, its client).
+            raise ValueError(f"{role} server of a prefill-decode pair: " + "; ".join(settings))
         return None
     if settings:
         raise ValueError(f"--speculative-algorithm {algorithm}: " + "; ".join(settings))

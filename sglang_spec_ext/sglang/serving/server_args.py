@@ -127,11 +127,7 @@ def _flag_problems(algo: str, args: Any) -> list[str]:
             f"--speculative-draft-model-path: {algo} is model-free and loads no draft "
             "model; drop the flag"
         )
-    if (_get(args, "disaggregation_mode") or "null") != "null":
-        problems.append(
-            f"--disaggregation-mode {_get(args, 'disaggregation_mode')}: {algo} does not "
-            "support prefill/decode disaggregation yet; run a non-disaggregated server"
-        )
+    problems += _disaggregation_problems(algo, args)
     if _get(args, "enable_two_batch_overlap"):
         problems.append(f"--enable-two-batch-overlap: not supported with {algo}; drop the flag")
     width = _get(args, "speculative_num_draft_tokens")
@@ -141,6 +137,31 @@ def _flag_problems(algo: str, args: Any) -> list[str]:
             f"must be in [2, {MAX_NUM_DRAFT_TOKENS}] for {algo}"
         )
     return problems
+
+
+def _disaggregation_problems(algo: str, args: Any) -> list[str]:
+    """Prefill-decode disaggregation: SUFFIX drafts on the decode server, whose sessions
+    start from the prompt and the prefill server's first token (docs/distributed.md)."""
+    mode = _get(args, "disaggregation_mode") or "null"
+    if mode == "null":
+        return []
+    if algo == HYBRID:
+        return [
+            f"--disaggregation-mode {mode}: HYBRID's model draft would need its state from "
+            "the prefill server (the draft's KV cache, and for EAGLE drafts the first "
+            "step's top-k and hidden states); HYBRID's workers are not wired or tested to "
+            "send it (prefill) or seed their drafts from it (decode); use "
+            "--speculative-algorithm SUFFIX on the decode server"
+        ]
+    if mode == "prefill":
+        return [
+            f"--disaggregation-mode prefill: {algo} drafts only on the decode server and "
+            "the prefill server needs no speculative settings (the decode side receives no "
+            "draft state from it); drop --speculative-algorithm on the prefill server"
+        ]
+    # --disaggregation-decode-enable-radix-cache: the host itself refuses it for every
+    # speculative algorithm but EAGLE/EAGLE3/DSPARK (arg_groups/speculative_hook.py).
+    return []
 
 
 def validate_server_args(args: Any) -> None:

@@ -85,6 +85,14 @@ class ModelFreeSpecAlgo(_PluginSpecAlgo):
 
         return ragged_graphs_wanted()
 
+    def build_disagg_draft_input(
+        self, batch: Any, last_tokens_tensor: torch.Tensor, future_map: Any
+    ) -> Any:
+        """The draft input of a batch whose KV came from a prefill server (PD decode)."""
+        from sglang_spec_ext.sglang.serving.disagg_decode import build_suffix_disagg_draft_input
+
+        return build_suffix_disagg_draft_input(batch, last_tokens_tensor, future_map)
+
     def handle_server_args(self, server_args: Any) -> None:
         from sglang_spec_ext.sglang.serving.server_args import handle_server_args
 
