@@ -12,16 +12,7 @@ import pytest
 import torch
 
 from sglang_spec_ext.sglang.cpu.graph_capture import TracedGraph
-
-
-def _kv_case(seed: int, bs: int, width: int = 12, heads: int = 4, kv_heads: int = 2):
-    g = torch.Generator().manual_seed(seed)
-    dim, pool = 8, 64
-    k_cache = torch.randn(pool, kv_heads, dim, generator=g)
-    v_cache = torch.randn(pool, kv_heads, dim, generator=g)
-    req_to_token = torch.randperm(pool, generator=g)[: 4 * width].view(4, width).clone()
-    query = torch.randn(bs, heads, dim, generator=g)
-    return query, k_cache, v_cache, req_to_token
+from tests.host.test_cpu_graphs import _attention_case as _kv_case
 
 
 def _host_decode(query, k_cache, v_cache, req_to_token, idx, lens, window):

@@ -41,7 +41,8 @@ def _build_cached(
     """Write ``make(tokenizer) -> (config, model class)``'s model, seeded by
     ``stamp["seed"]``, plus the tokenizer to ``model_dir``; reuse a directory whose
     ``SOURCE.txt`` holds the same ``stamp``. ``stamp["tweak"]``, when given, names a
-    function of this module run on the model before it is saved."""
+    function run on the model before it is saved: one of this module, or
+    ``module.function`` of this package (``mtp_layers.deepseek_nextn``)."""
     import torch
 
     from sglang_spec_ext.models.testing.llama import (
@@ -62,7 +63,7 @@ def _build_cached(
         torch.manual_seed(stamp["seed"])
         model = model_cls(config).to(torch.float32).eval()
         if stamp.get("tweak"):
-            globals()[stamp["tweak"]](model, stamp["seed"])
+            _tweak(stamp["tweak"])(model, stamp["seed"])
     finally:
         torch.random.set_rng_state(saved_rng)
     model.generation_config = greedy_generation_config(tokenizer)
@@ -70,6 +71,15 @@ def _build_cached(
     save_tokenizer(tokenizer, model_dir)
     marker.write_text(json.dumps(stamp) + "\n")
     return model_dir
+
+
+def _tweak(name: str) -> Callable[[Any, int], None]:
+    if "." not in name:
+        return globals()[name]
+    import importlib
+
+    module, function = name.rsplit(".", 1)
+    return getattr(importlib.import_module(f"{__package__}.{module}"), function)
 
 
 def _fields(tokenizer, hidden_size: int, num_layers: int, initializer_range: float) -> dict:
@@ -250,7 +260,7 @@ def build_tiny_deepseek_v3(
              "num_layers": num_layers, "hidden_size": hidden_size, "num_experts": num_experts,
              "initializer_range": initializer_range}  # fmt: skip
     if nextn:
-        stamp["tweak"] = "_deepseek_nextn"
+        stamp["tweak"] = "mtp_layers.deepseek_nextn"
 
     def make(tokenizer):
         from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
@@ -280,35 +290,6 @@ def build_tiny_deepseek_v3(
     return _build_cached(model_dir, stamp, make)
 
 
-def _deepseek_nextn(model: Any, seed: int) -> None:
-    """The last decoder layer becomes the NextN MTP layer (``build_tiny_deepseek_v3``):
-    a copy of the layer before it, with the MTP's own modules added under it."""
-    import torch
-
-    layers = model.model.layers
-    last = len(layers) - 1
-    mtp = layers[last]
-    mtp.load_state_dict(layers[last - 1].state_dict())
-    hidden = model.config.hidden_size
-
-    def norm(value: torch.Tensor) -> torch.nn.Module:
-        module = torch.nn.Module()
-        module.weight = torch.nn.Parameter(value.clone())
-        return module
-
-    # eh_proj([enorm(embed(x)), hnorm(h)]): the token half through, the hidden half dropped;
-    # enorm gives the embedding its own RMS back, so the copied layer sees its usual scale.
-    mtp.eh_proj = torch.nn.Linear(2 * hidden, hidden, bias=False)
-    mtp.eh_proj.weight.data = torch.cat((torch.eye(hidden), torch.zeros(hidden, hidden)), 1)
-    rms = model.model.embed_tokens.weight.pow(2).mean().sqrt()
-    mtp.enorm = norm(torch.full((hidden,), float(rms)))
-    mtp.hnorm = norm(torch.ones(hidden))
-    mtp.shared_head = torch.nn.Module()
-    mtp.shared_head.norm = norm(model.model.norm.weight.data)
-    model.config.num_hidden_layers = last
-    model.config.num_nextn_predict_layers = 1
-
-
 def build_tiny_qwen3_next(
     model_dir: Path | str,
     seed: int = 0,
@@ -336,7 +317,7 @@ def build_tiny_qwen3_next(
              "hidden_size": hidden_size, "num_experts": num_experts,
              "initializer_range": initializer_range}  # fmt: skip
     if mtp:
-        stamp["tweak"] = "_qwen3_next_mtp"
+        stamp["tweak"] = "mtp_layers.qwen3_next_mtp"
 
     def make(tokenizer):
         from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
@@ -364,34 +345,6 @@ def build_tiny_qwen3_next(
         return config, Qwen3NextForCausalLM
 
     return _build_cached(model_dir, stamp, make)
-
-
-def _qwen3_next_mtp(model: Any, seed: int) -> None:
-    """Add the MTP layer (``build_tiny_qwen3_next(mtp=True)``). Qwen3-Next's norms are
-    Gemma-style (``x * (1 + w)``)."""
-    import copy
-
-    import torch
-
-    layers = model.model.layers
-    full = [i for i, t in enumerate(model.config.layer_types) if t == "full_attention"]
-    hidden = model.config.hidden_size
-
-    def norm(value: torch.Tensor) -> torch.nn.Module:
-        module = torch.nn.Module()
-        module.weight = torch.nn.Parameter(value.clone())
-        return module
-
-    mtp = torch.nn.Module()
-    mtp.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
-    mtp.fc.weight.data = torch.cat((torch.eye(hidden), torch.zeros(hidden, hidden)), 1)
-    rms = float(model.model.embed_tokens.weight.pow(2).mean().sqrt())
-    mtp.pre_fc_norm_embedding = norm(torch.full((hidden,), rms - 1.0))
-    mtp.pre_fc_norm_hidden = norm(torch.zeros(hidden))
-    mtp.layers = torch.nn.ModuleList([copy.deepcopy(layers[full[-1]])])
-    mtp.norm = norm(model.model.norm.weight.data)
-    model.mtp = mtp
-    model.config.mtp_num_hidden_layers = 1  # what Qwen3-Next's config.json says
 
 
 #: Family name -> (builder, the host's model module(s) that serve it: what a test server
