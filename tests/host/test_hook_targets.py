@@ -127,3 +127,26 @@ print("SUFFIX ok", SpeculativeAlgorithm.from_string("SUFFIX") is not None)
     assert res.returncode == 0, out[-3000:]
     assert "SUFFIX ok True" in out
     assert "Traceback" not in out and "Failed to apply hooks" not in out, out[-3000:]
+
+
+def test_a_hook_on_import_never_imports_its_module():
+    """``register_hooks_on_import``: an importable module is left unimported (Mooncake's
+    PD module, imported at plugin load, turned the host's multi-process metrics off on
+    every server) and hooked the moment something imports it."""
+    res = snippet_result(
+        _SETUP
+        + """
+from sglang_spec_ext.sglang.host.hooks import register_hooks_on_import
+os.environ["PROBE_OK"] = "1"  # importable now: still not imported by the call
+target = "spec_ext_probe_pkg.worker.Worker.step"
+res = {"waits": register_hooks_on_import("spec_ext_probe_pkg.worker",
+                                         [(target, plus_one, HookType.AFTER)])}
+res["imported_by_the_call"] = "spec_ext_probe_pkg.worker" in sys.modules
+import spec_ext_probe_pkg.worker as w
+res["step"] = w.Worker().step()
+res["pending_after"] = pending_targets()
+print("RESULT " + json.dumps(res))
+"""
+    )
+    assert res == {"waits": True, "imported_by_the_call": False, "step": 2,
+                   "pending_after": {}}  # fmt: skip

@@ -83,12 +83,18 @@ def install_cpu_disaggregation() -> list[str]:
     what was installed."""
     from sglang.srt.plugins.hook_registry import HookType
 
-    from sglang_spec_ext.sglang.host.hooks import register_hooks_once
+    from sglang_spec_ext.sglang.host.hooks import register_hooks_on_import, register_hooks_once
 
     feature = "prefill-decode disaggregation on the CPU engine"
+    # Mooncake's module is hooked when a PD server imports it, never imported here: its
+    # import at plugin load turned the host's multi-process metrics off on every server.
+    register_hooks_on_import(
+        MOONCAKE_SENDER_INIT_TARGET.rsplit(".", 2)[0],
+        [(MOONCAKE_SENDER_INIT_TARGET, sender_init_hook, HookType.AFTER)],
+        feature,
+    )
     hooks: list[tuple[str, Any, Any]] = [
         (RETRACTION_BACKUP_TARGET, retraction_backup_hook, HookType.AROUND),
-        (MOONCAKE_SENDER_INIT_TARGET, sender_init_hook, HookType.AFTER),
     ]
     installed = ["pd_retraction_backup", "pd_host_index_copy"]
     if torch_lacks_cuda():

@@ -70,6 +70,23 @@ def register_hooks_once(hooks: list[Hook], feature: str | None = None) -> bool:
     return _register(ready) or waiting
 
 
+def register_hooks_on_import(module: str, hooks: list[Hook], feature: str | None = None) -> bool:
+    """:func:`register_hooks_once` for hooks on ``module``, without importing it: applied
+    now if ``module`` is already imported, else the moment something imports it. For
+    modules a server imports only in some deployments, whose import has side effects a
+    plain server must not get (Mooncake's PD transfer code, imported at plugin load,
+    turned the host's multi-process metrics off); True if any was registered or waits."""
+    if module in sys.modules:
+        return register_hooks_once(hooks, feature)
+    waiting = False
+    with _lock:
+        for hook_spec in hooks:
+            if not _known(hook_spec[0], hook_spec[1]):
+                _defer(module, hook_spec, feature or _feature_of(hook_spec[1]))
+                waiting = True
+    return waiting
+
+
 def pending_targets() -> dict[str, list[str]]:
     """Module -> targets whose hooks wait for that module's import (for tests, doctor)."""
     with _lock:
@@ -176,10 +193,10 @@ def _defer(module: str, hook_spec: Hook, feature: str) -> None:
         _install_finder()
     _pending.setdefault(module, []).append((hook_spec, feature))
     logger.debug(
-        "sglang-spec-ext: %s waits for %s (not importable here: %s)",
+        "sglang-spec-ext: %s waits for %s (%s)",
         hook_spec[0],
         module,
-        _unimportable.get(module, "?"),
+        _unimportable.get(module, "not imported yet"),
     )
 
 
