@@ -213,12 +213,12 @@ def _bind_ranks(launch_args: Sequence[str], env: dict[str, str]) -> None:
     host would otherwise stop (more ranks than NUMA nodes), saying so on stderr."""
     if env.get(OMP_BIND_ENV):
         return
-    ranks = cpu_ranks(launch_args)
+    ranks, nodes = cpu_ranks(launch_args), _numa_nodes()
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    value = omp_bind_for(ranks, cores, _numa_nodes())
+    value = omp_bind_for(ranks, cores, nodes)
     if value is not None:
         env[OMP_BIND_ENV] = value
-        print(f"serve-cpu: {ranks} ranks on {len(cores)} cores and {_numa_nodes()} NUMA "
+        print(f"serve-cpu: {ranks} ranks on {len(cores)} cores and {nodes} NUMA "
               f"node(s): {OMP_BIND_ENV}={value} (set it yourself to choose)", file=sys.stderr)  # fmt: skip
 
 
