@@ -4,9 +4,19 @@ attention is built for), against one plain server of the same checkpoint.
 
 The host's CPU path pads each rank's batch for the gathered MLP through
 ``get_cpu_graph_seq_len_fill_value()``, which only its AMX backend defines: without
-``sglang/cpu/dp_attention.py`` the first batch dies with an ``AttributeError``. SUFFIX
-and HYBRID refuse DP attention at start-up (``tests/host/test_server_args.py``); this is
-the plain deployment they would join (docs/distributed.md says what is missing).
+``sglang/cpu/dp_attention.py`` the first batch dies with an ``AttributeError``.
+
+SUFFIX (eagerly and with overlap scheduling) and adaptive SUFFIX on the same two ranks:
+each rank drafts and verifies its own requests (the drafts' TP sync runs over the
+attention-TP group, here one rank each), and every forward exchanges the ranks' real token
+counts for the gathered MLP (``workers/dp_tokens.py``): a rank verifying beside an idle
+rank (one request at a time), beside one that prefills or verifies other requests
+(together). Without that exchange the SUFFIX server died at its first request (checked
+once by hand, 2026-12-02); ``tests/host/test_dp_tokens.py`` shows the host's rescaling it
+prevents, and two ranks at different widths. Not here: the graph emulation, whose capture
+under DP attention fails for plain serving too (the host's DP-attention graph path reaches
+a ``PyNcclCommunicator`` attribute on CPU). HYBRID refuses DP attention at start-up
+(``tests/host/test_server_args.py``).
 """
 
 from __future__ import annotations
@@ -14,13 +24,16 @@ from __future__ import annotations
 import concurrent.futures as cf
 
 from sglang_spec_ext.models.testing.families import build_tiny_deepseek_v3
-from tests.e2e.test_model_families import PROMPTS, family_env
+from tests.e2e.test_model_families import PROMPTS, SUFFIX_ARGS, family_env
 from tests.harness.server import ServerConfig
 
 NEW_TOKENS = 24
 DP_ARGS = ("--tp-size", "2", "--dp-size", "2", "--enable-dp-attention")
 #: One core per rank: the host's CPU engine otherwise wants a NUMA node per rank.
 DP_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
+EAGER = {"SGLANG_SPEC_EXT_CPU_OVERLAP": "0", "SGLANG_SPEC_EXT_CPU_GRAPHS": "0"}
+OVERLAP = {"SGLANG_SPEC_EXT_CPU_OVERLAP": "1", "SGLANG_SPEC_EXT_CPU_GRAPHS": "0"}
+ADAPTIVE = {**EAGER, "SGLANG_SPEC_EXT_ADAPTIVE": "1"}
 
 
 def test_dp_attention_serves_plain_output(tmp_path_factory, start_server):
@@ -30,20 +43,37 @@ def test_dp_attention_serves_plain_output(tmp_path_factory, start_server):
     servers = start_server.start_all({
         "plain": ServerConfig(model, (), family_env("deepseek_v3")),
         "dp2": ServerConfig(model, DP_ARGS, family_env("deepseek_v3", DP_ENV)),
+        "SUFFIX dp2": ServerConfig(model, (*DP_ARGS, *SUFFIX_ARGS),
+                                   family_env("deepseek_v3", {**DP_ENV, **EAGER})),
+        "SUFFIX-adaptive dp2": ServerConfig(model, (*DP_ARGS, *SUFFIX_ARGS),
+                                            family_env("deepseek_v3", {**DP_ENV, **ADAPTIVE})),
+        "SUFFIX dp2 overlap": ServerConfig(model, (*DP_ARGS, *SUFFIX_ARGS),
+                                           family_env("deepseek_v3", {**DP_ENV, **OVERLAP})),
     })  # fmt: skip
     tok = AutoTokenizer.from_pretrained(model)
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
 
-    def greedy(name: str, ids: list[int]) -> list[int]:
-        out = servers[name].generate(input_ids=ids, max_new_tokens=NEW_TOKENS, temperature=0,
-                                     ignore_eos=True)  # fmt: skip
-        return out["output_ids"]
+    def greedy(name: str, ids: list[int]) -> dict:
+        return servers[name].generate(input_ids=ids, max_new_tokens=NEW_TOKENS, temperature=0,
+                                      ignore_eos=True)  # fmt: skip
 
-    expected = [greedy("plain", ids) for ids in prompts]
-    assert [greedy("dp2", ids) for ids in prompts] == expected  # one at a time
-    with cf.ThreadPoolExecutor(len(prompts)) as pool:  # together: both ranks busy
-        together = list(pool.map(lambda ids: greedy("dp2", ids), prompts))
-    assert together == expected
-    log = servers["dp2"].log_path.read_text(errors="replace")
-    assert "DP attention is enabled" in log, servers["dp2"].log_tail()
-    assert "DP1" in log, "the second attention-DP rank never logged"
+    expected = [greedy("plain", ids)["output_ids"] for ids in prompts]
+    for name in ("dp2", "SUFFIX dp2", "SUFFIX-adaptive dp2", "SUFFIX dp2 overlap"):
+        # one at a time: a rank verifies beside an idle rank
+        alone = [greedy(name, ids) for ids in prompts]
+        assert [out["output_ids"] for out in alone] == expected, name
+        # together: both ranks busy, prefills beside verifies, then again (drafts hit)
+        for round_ in range(2 if "SUFFIX" in name else 1):
+            with cf.ThreadPoolExecutor(len(prompts)) as pool:
+                together = list(pool.map(lambda ids, n=name: greedy(n, ids), prompts))
+            assert [out["output_ids"] for out in together] == expected, (name, round_)
+        log = servers[name].log_path.read_text(errors="replace")
+        assert "DP attention is enabled" in log, servers[name].log_tail()
+        assert "DP1" in log, f"{name}: the second attention-DP rank never logged"
+        if "SUFFIX" in name:
+            accept = [float(out["meta_info"].get("spec_accept_length") or 0.0)
+                      for out in together]  # fmt: skip
+            print(f"\n{name}: accept length per prompt, second concurrent round "
+                  f"{[round(a, 2) for a in accept]}")  # fmt: skip
+            assert max(accept) > 1.0, f"{name}: no draft accepted under DP attention: {accept}"
+            assert "verify padded: DP attention" in log, servers[name].log_tail()

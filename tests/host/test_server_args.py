@@ -130,14 +130,19 @@ def test_pd_roles_that_cannot_work_are_refused_with_the_reason(model_dir, algo, 
     [("--enable-dp-attention", "--dp-size", "2", "--tp-size", "2"),
      ("--attn-dp-size", "2", "--tp-size", "2")],
 )  # fmt: skip
-def test_dp_attention_is_rejected_under_both_spellings(model_dir, flags):
+def test_dp_attention_refuses_hybrid_under_both_spellings(model_dir, flags):
     """Through the host's real pipeline on the CPU engine, which serves DP attention
     (cpu/dp_attention.py): the host turns ``--enable-dp-attention`` into
     ``--attn-dp-size 2`` and the flag reads False after that, so the check reads both.
-    (Before, only the flag was read: a SUFFIX server with DP attention started and died
-    at its first decode in a gloo collective mismatch.)"""
-    with pytest.raises(Exception, match=r"--attn-dp-size 2: SUFFIX does not support DP"):
-        resolve(model_dir, *flags)
+    SUFFIX resolves (its ranks exchange real verify token counts: workers/dp_tokens.py);
+    HYBRID is refused with the algorithm to use instead."""
+    resolve(model_dir, *flags)
+    with pytest.raises(
+        Exception,
+        match=r"--attn-dp-size 2: HYBRID does not support DP.*"
+        r"--speculative-algorithm SUFFIX",
+    ):
+        resolve_hybrid(model_dir, "--speculative-draft-model-path", model_dir, *flags)
 
 
 def test_bad_config_value_stops_resolution(model_dir, monkeypatch):

@@ -483,3 +483,25 @@ def test_the_final_write_happens_at_exit_and_on_sigterm(
     assert "wrote 1 sequences" in out
     if how == "chained":
         assert "previous handler ran" in out
+
+
+def test_each_drafter_of_a_server_has_its_own_snapshot_file_and_writer():
+    """A drafter per ``--dp-size`` replica and, under DP attention, per attention-DP rank
+    (each drafts for its own requests): its own ``.dp<index>`` file, written by its first
+    rank. (Before, under DP attention only global rank 0 wrote, so the second attention-DP
+    rank's trees were never saved.)"""
+    from sglang_spec_ext.sglang.serving.snapshots import rank_role
+
+    one = SimpleNamespace(tp_rank=1, tp_size=2, dp_size=1, attn_dp_size=1)
+    assert rank_role(one) == (False, None)  # TP only: one drafter, rank 0 writes
+    assert rank_role(SimpleNamespace(tp_rank=0, dp_size=1, attn_dp_size=1)) == (True, None)
+    assert rank_role(SimpleNamespace(tp_rank=0, dp_size=2, dp_rank=1, attn_dp_size=1)) == (True, 1)
+    dp_attn = dict(dp_size=1, dp_rank=None, attn_dp_size=2, attn_tp_size=1, attn_cp_rank=0)
+    first = SimpleNamespace(tp_rank=0, attn_dp_rank=0, attn_tp_rank=0, **dp_attn)
+    second = SimpleNamespace(tp_rank=1, attn_dp_rank=1, attn_tp_rank=0, **dp_attn)
+    assert rank_role(first) == (True, 0)
+    assert rank_role(second) == (True, 1)
+    # attention TP 2 inside each attention-DP rank: only its first rank writes
+    peer = SimpleNamespace(tp_rank=3, attn_dp_rank=1, attn_tp_rank=1, **dp_attn)
+    assert rank_role(peer) == (False, 1)
+    assert rank_role(SimpleNamespace()) == (True, None)  # nothing published: one process

@@ -96,14 +96,14 @@ def _flag_problems(algo: str, args: Any) -> list[str]:
             "parallelism; use --pp-size 1 (tensor parallelism with --tp-size works)"
         )
     attn_dp = _get(args, "attn_dp_size") or 1
-    if _get(args, "enable_dp_attention") or attn_dp > 1:
+    if (_get(args, "enable_dp_attention") or attn_dp > 1) and algo == HYBRID:
         # The host turns --enable-dp-attention into --attn-dp-size N (the flag reads
         # False after that): check both spellings.
         problems.append(
-            f"--enable-dp-attention / --attn-dp-size {attn_dp}: {algo} does not support DP "
-            "attention yet (each attention-DP rank would need its own drafts and the "
-            "gathered MLP its verify token counts; docs/distributed.md); drop the flag "
-            "(use --dp-size with plain data parallelism instead)"
+            f"--enable-dp-attention / --attn-dp-size {attn_dp}: HYBRID does not support DP "
+            "attention yet (its model draft's forwards would need their own token counts "
+            "for the gathered MLP; docs/distributed.md); use --speculative-algorithm SUFFIX, "
+            "or drop the flag (plain data parallelism: --dp-size)"
         )
     if _get(args, "speculative_use_block_verification"):
         problems.append(

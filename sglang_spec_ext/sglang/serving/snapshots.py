@@ -101,25 +101,41 @@ def _host_server_args() -> Any:
 
 
 def _rank_role() -> tuple[bool, int | None]:
-    """(whether this process writes the snapshot, its DP replica where there are
-    several, else None)."""
+    """(whether this process writes the snapshot, its drafter's index where a server runs
+    several drafters, else None).
+
+    A drafter per data-parallel replica (``--dp-size``) and, under DP attention, per
+    attention-DP rank (each schedules and drafts for its own requests); the first rank
+    of each writes (its attention-TP peers hold the same trees)."""
     try:
         from sglang.srt.runtime_context import get_parallel
 
         parallel = get_parallel()
     except Exception:  # noqa: BLE001 - no host runtime context: one process
         return True, None
-    try:
-        writer = int(parallel.tp_rank) == 0
-    except Exception:  # noqa: BLE001 - not published (tests, tools)
-        writer = True
-    try:
-        dp_rank = parallel.dp_rank
-        several = dp_rank is not None and int(parallel.dp_size) > 1
-        dp_rank = int(dp_rank) if several else None
-    except Exception:  # noqa: BLE001
-        dp_rank = None
-    return writer, dp_rank
+    return rank_role(parallel)
+
+
+def rank_role(parallel: Any) -> tuple[bool, int | None]:
+    """:func:`_rank_role` for a given host parallel context (values it lacks read as one
+    replica, rank 0)."""
+
+    def read(name: str, default: int) -> int:
+        try:
+            value = getattr(parallel, name)
+            return default if value is None else int(value)
+        except Exception:  # noqa: BLE001 - not published (tests, tools)
+            return default
+
+    dp_size, attn_dp = read("dp_size", 1), read("attn_dp_size", 1)
+    dp_rank = read("dp_rank", 0) if dp_size > 1 else 0
+    if attn_dp > 1:
+        writer = read("attn_tp_rank", 0) == 0 and read("attn_cp_rank", 0) == 0
+        index = dp_rank * attn_dp + read("attn_dp_rank", 0)
+    else:
+        writer = read("tp_rank", 0) == 0
+        index = dp_rank
+    return writer, (index if dp_size * attn_dp > 1 else None)
 
 
 def check_snapshot_path(raw: str, *, writable: bool = True) -> Path:

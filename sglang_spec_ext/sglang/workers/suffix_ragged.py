@@ -57,7 +57,7 @@ class RaggedStepsMixin:
                         "VERIFY=0 or width 1)")  # fmt: skip
             return
         route, problem = ragged_route(self.model_runner, chains=int(self.topk) <= 1)
-        problem = problem or _lora_problem(self)
+        problem = problem or _lora_problem(self) or _dp_attention_problem(self)
         if problem is not None:
             self._ragged = None
             logger.info("SUFFIX: verify padded: %s (SGLANG_SPEC_EXT_RAGGED_VERIFY=0 silences "
@@ -169,6 +169,16 @@ class RaggedStepsMixin:
         if getattr(self, "_ragged", None) is not None:
             stats.update(self._ragged.stats_dict())
         return stats
+
+
+def _dp_attention_problem(worker: Any) -> str | None:
+    """Under DP attention the host sizes each rank's verify as requests x one width."""
+    if getattr(worker, "_dp_tokens", None) is not None:
+        return (
+            "DP attention (the host lays each rank's verify out as its requests times "
+            "one width when it pads for the gathered MLP)"
+        )
+    return None
 
 
 def _lora_problem(worker: Any) -> str | None:

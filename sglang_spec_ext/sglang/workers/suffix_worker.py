@@ -45,6 +45,7 @@ from sglang_spec_ext.sglang.verify.ragged import RaggedVerify
 from sglang_spec_ext.sglang.verify.width_switch import WidthSwitchMixin
 from sglang_spec_ext.sglang.verify.widths import VerifyWidthBackends
 from sglang_spec_ext.sglang.workers import plain_step
+from sglang_spec_ext.sglang.workers.dp_tokens import DpTokenCounts, dp_token_counts
 from sglang_spec_ext.sglang.workers.suffix_corpora import ExternalCorporaMixin
 from sglang_spec_ext.sglang.workers.suffix_grammar import GrammarDrafts, served_tokenizer_path
 from sglang_spec_ext.sglang.workers.suffix_ragged import RaggedStepsMixin
@@ -110,6 +111,7 @@ class SuffixWorker(
         self.grammar_tree_host = None
         self._init_drafter()
         self._tp_sync = tp_sync()
+        self._dp_tokens = dp_token_counts()
         self._init_ragged()
         logger.info(
             "SUFFIX worker: verify width %d, drafter backend %s, overlap %s",
@@ -155,6 +157,7 @@ class SuffixWorker(
             )
         self.ngram_corpus = SessionCloser(self)  # where the host's NGRAM keeps its corpus
         self._tp_sync: TpSync | None = None  # set by __init__ with TP > 1
+        self._dp_tokens: DpTokenCounts | None = None  # set by __init__ under DP attention
         self._plain_steps = config.plain_steps  # empty steps as plain decode steps
         self._step_empty = False  # no request has a draft in the last drafted step
         # The draft gate (suffix/gate.py): fixed-width SUFFIX verifies only where it pays.
@@ -239,6 +242,10 @@ class SuffixWorker(
                     len(batch.reqs), longest
                 ):
                     return self._shorter_step(batch, longest, on_publish, pp_proxy_tensors)
+        if self._dp_tokens is not None:  # DP attention: plain, narrow, ragged steps are off
+            decode = batch.forward_mode.is_decode() and bool(batch.reqs)
+            tokens = len(batch.reqs) * self.draft_token_num if decode else None
+            self._dp_tokens.apply(batch, tokens)
         return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
 
     def init_cuda_graphs(self) -> None:

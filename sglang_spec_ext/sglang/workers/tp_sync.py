@@ -100,14 +100,31 @@ class TpSync:
 
 
 def tp_sync() -> TpSync | None:
-    """The sync for this process's TP group, or None with a single TP rank."""
+    """The sync for the ranks that serve this process's requests, or None where it is
+    alone: the TP group; under DP attention its attention-TP group (each attention-DP
+    rank schedules, drafts and verifies its own requests; the ranks that agree are those
+    that run its attention)."""
     from sglang.srt.runtime_context import get_parallel
 
     parallel = get_parallel()
-    if parallel.tp_size <= 1:
+    if attn_dp_size(parallel) > 1:
+        if int(parallel.attn_tp_size) <= 1:
+            return None
+        group = parallel.attn_tp_group
+    elif parallel.tp_size <= 1:
         return None
-    group = parallel.tp_group
+    else:
+        group = parallel.tp_group
     return TpSync(group.cpu_group, group.ranks[0])
+
+
+def attn_dp_size(parallel: Any) -> int:
+    """The host's attention-DP width; 1 where the context does not publish it (a context
+    overridden with a TP size alone, in tests and tools)."""
+    try:
+        return int(parallel.attn_dp_size or 1)
+    except Exception:  # noqa: BLE001 - not published
+        return 1
 
 
 def tp_sync_or_none() -> TpSync | None:
