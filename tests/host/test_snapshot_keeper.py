@@ -20,7 +20,8 @@ import pytest
 
 from sglang_spec_ext.config import ConfigError, load_config
 from sglang_spec_ext.sglang.serving import shutdown_hooks, snapshots
-from sglang_spec_ext.sglang.serving.snapshots import SnapshotKeeper, snapshot_identity
+from sglang_spec_ext.sglang.serving.snapshot_owner import snapshot_identity
+from sglang_spec_ext.sglang.serving.snapshots import SnapshotKeeper
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter
 from sglang_spec_ext.suffix.snapshot import read_header, read_snapshot, write_snapshot
 
@@ -490,7 +491,7 @@ def test_each_drafter_of_a_server_has_its_own_snapshot_file_and_writer():
     (each drafts for its own requests): its own ``.dp<index>`` file, written by its first
     rank. (Before, under DP attention only global rank 0 wrote, so the second attention-DP
     rank's trees were never saved.)"""
-    from sglang_spec_ext.sglang.serving.snapshots import rank_role
+    from sglang_spec_ext.sglang.serving.snapshot_owner import rank_role
 
     one = SimpleNamespace(tp_rank=1, tp_size=2, dp_size=1, attn_dp_size=1)
     assert rank_role(one) == (False, None)  # TP only: one drafter, rank 0 writes

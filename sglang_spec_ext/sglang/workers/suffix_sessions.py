@@ -101,7 +101,8 @@ class DrafterSessionsMixin:
         self._isolation = config.isolation
         self._snapshots = None
         if config.snapshot_path:
-            from sglang_spec_ext.sglang.serving.snapshots import SnapshotKeeper, snapshot_identity
+            from sglang_spec_ext.sglang.serving.snapshot_owner import snapshot_identity
+            from sglang_spec_ext.sglang.serving.snapshots import SnapshotKeeper
 
             self._snapshots = SnapshotKeeper.from_plugin_config(config, snapshot_identity(self))
             if self._snapshots is not None:

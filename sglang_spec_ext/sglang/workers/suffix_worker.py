@@ -49,10 +49,11 @@ from sglang_spec_ext.sglang.workers.dp_tokens import DpTokenCounts, dp_token_cou
 from sglang_spec_ext.sglang.workers.suffix_corpora import ExternalCorporaMixin
 from sglang_spec_ext.sglang.workers.suffix_grammar import GrammarDrafts, served_tokenizer_path
 from sglang_spec_ext.sglang.workers.suffix_ragged import RaggedStepsMixin
+from sglang_spec_ext.sglang.workers.suffix_ranks import RanksMixin
 from sglang_spec_ext.sglang.workers.suffix_relay import last_token, relayed_per_request
 from sglang_spec_ext.sglang.workers.suffix_sessions import DrafterSessionsMixin, SessionCloser
 from sglang_spec_ext.sglang.workers.suffix_sources import DraftSourcesMixin
-from sglang_spec_ext.sglang.workers.tp_sync import TpDraftError, TpSync, tp_sync
+from sglang_spec_ext.sglang.workers.tp_sync import TpSync, tp_sync
 from sglang_spec_ext.suffix import SuffixConfig, SuffixDrafter
 from sglang_spec_ext.suffix.draft import DraftTree
 from sglang_spec_ext.suffix.gate import DraftGate, GateConfig
@@ -66,6 +67,7 @@ def suffix_config_from_plugin_config() -> SuffixConfig:
 
 
 class SuffixWorker(
+    RanksMixin,
     RaggedStepsMixin,
     DraftSourcesMixin,
     DrafterSessionsMixin,
@@ -242,10 +244,7 @@ class SuffixWorker(
                     len(batch.reqs), longest
                 ):
                     return self._shorter_step(batch, longest, on_publish, pp_proxy_tensors)
-        if self._dp_tokens is not None:  # DP attention: plain, narrow, ragged steps are off
-            decode = batch.forward_mode.is_decode() and bool(batch.reqs)
-            tokens = len(batch.reqs) * self.draft_token_num if decode else None
-            self._dp_tokens.apply(batch, tokens)
+        self._exchange_dp_tokens(batch)  # DP attention (plain, narrow, ragged steps off)
         return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
 
     def init_cuda_graphs(self) -> None:
@@ -314,49 +313,6 @@ class SuffixWorker(
         self._prev_decode_rids = cur_rids
 
     # -- the draft source (the host NGRAM hooks we replace) ---------------------------
-    def _prepare_draft_tokens(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
-        staged, self._staged = getattr(self, "_staged", None), None
-        if staged is not None:  # drafted by forward_batch_generation for this step
-            return staged
-        if self._tp_sync is None:
-            return self._local_drafts(batch)
-        # TP: every rank verifies the first rank's drafts. The broadcast stays outside
-        # the block that can fail: a rank whose drafting raised takes part with a zeroed
-        # contribution; if the first rank failed, every rank plain-decodes the step.
-        ok = True
-        width = self.draft_token_num
-        lens = np.full(len(batch.reqs), width, dtype=np.int64)
-        try:
-            tokens, mask = self._local_drafts(batch)
-            if self._ragged is not None:
-                lens = self._ragged.pending_lens(len(batch.reqs), width)
-        except Exception as exc:
-            self._fault("prepare", None, exc)
-            ok = False
-            tokens = np.zeros((len(batch.reqs) * width,), dtype=np.int64)
-            mask = np.zeros((len(batch.reqs) * width * width,), dtype=bool)
-            self._step_empty = True
-        try:
-            tokens, mask, self._step_empty = self._tp_sync.drafts_flagged(
-                tokens, mask, ok=ok, empty=self._step_empty
-            )
-            if self._ragged is not None:  # the first rank's lengths, on every rank
-                self._ragged.set_lens(self._tp_sync.lengths(lens))
-            return tokens, mask
-        except TpDraftError as exc:
-            self._fault("tp-source", None, exc)
-            return self._root_only_drafts(batch)
-
-    def _root_only_drafts(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Empty drafts (plain decoding through the verify path) for the whole batch:
-        the roots only, the same on every TP rank (they hold the same committed tokens)."""
-        prevs = relayed_per_request(batch, self.enable_overlap)
-        roots = [last_token(req, prev) for req, prev in zip(batch.reqs, prevs, strict=True)]
-        self._step_empty = True
-        trees = [DraftTree() for _ in roots]
-        self._set_lens(trees)
-        return pack_batch(trees, roots, self.draft_token_num)
-
     def _local_drafts(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
         self._maybe_log_stats()
         width = self.draft_token_num
