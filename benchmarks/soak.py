@@ -44,6 +44,7 @@ from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
 from sglang_spec_ext.machine import machine_info  # noqa: E402
 from sglang_spec_ext.sglang.cpu.serving import (  # noqa: E402
     GPU_PATH_ENV,
+    bind_ranks,
     cpu_serving_env,
     with_cpu_defaults,
 )
@@ -161,10 +162,13 @@ def launch(
     model: Path, name: str, flags: list[str], env: dict[str, str], log_dir: Path
 ) -> LaunchedServer:
     """An unstarted server: ``with launch(...) as server`` starts it and always stops it."""
+    args = with_cpu_defaults(flags, model)
+    env = cpu_serving_env(extra=env)
+    bind_ranks(args, env)  # several ranks (--tp-size, DP attention): a core each, as serve-cpu
     return LaunchedServer(
         str(model),
-        with_cpu_defaults(flags, model),
-        env=cpu_serving_env(extra=env),
+        args,
+        env=env,
         log_path=log_dir / f"{name}.log",
         name=name,
     )
@@ -229,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
         help="both servers load two LoRA adapters of the model (built locally) and the mix "
         "gains requests for each adapter and the base model",
     )
+    ap.add_argument(
+        "--spec-args",
+        default="",
+        help="extra server flags for the speculative servers only, e.g. "
+        "'--tp-size 2 --dp-size 2 --enable-dp-attention' (the plain reference stays one rank)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--deadline-s", type=float, default=3600.0, help="per-phase time bound")
     ap.add_argument(
@@ -281,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": concurrency, "width": args.width, "model": str(model), "seed": args.seed,
         "drafter_max_cached_tokens": drafter_tokens, "algorithms": algorithms,
         "gpu_path": args.gpu_path, "gpu_path_env": GPU_PATH_ENV[args.gpu_path],
-        "lora": args.lora,
+        "lora": args.lora, "spec_args": args.spec_args,
     }  # fmt: skip
     print(f"[soak] {n} requests x {len(algorithms)} algorithm(s); logs in {log_dir}", flush=True)
     rows, record = [], {"machine": machine_info(), "parameters": params, "runs": {}}
@@ -300,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                 "SGLANG_SPEC_EXT_MAX_CORPUS_TOKENS": str(SOAK_CORPUS_TOKENS),
             }
             width = "4" if name in CHAINED else str(args.width)  # chains: steps + 1
-            spec_flags = [*common, *flags, "--speculative-num-draft-tokens", width]
+            spec_flags = [*common, *args.spec_args.split(), *flags,
+                          "--speculative-num-draft-tokens", width]  # fmt: skip
             if name in MODEL_DRAFT:
                 spec_flags += ["--speculative-draft-model-path", str(weak_draft(model))]
             with launch(model, name, spec_flags, env, log_dir) as server:

@@ -22,8 +22,10 @@ a ``PyNcclCommunicator`` attribute on CPU). HYBRID refuses DP attention at start
 from __future__ import annotations
 
 import concurrent.futures as cf
+from pathlib import Path
 
 from sglang_spec_ext.models.testing.families import build_tiny_deepseek_v3
+from tests.e2e.soak_run import run_soak
 from tests.e2e.test_model_families import PROMPTS, SUFFIX_ARGS, family_env
 from tests.harness.server import ServerConfig
 
@@ -77,3 +79,19 @@ def test_dp_attention_serves_plain_output(tmp_path_factory, start_server):
                   f"{[round(a, 2) for a in accept]}")  # fmt: skip
             assert max(accept) > 1.0, f"{name}: no draft accepted under DP attention: {accept}"
             assert "verify padded: DP attention" in log, servers[name].log_tail()
+
+
+def test_dp_attention_soak(tmp_path, capsys):
+    """The soak harness (``tests/e2e/soak_run.py``) against SUFFIX on two attention-DP ranks
+    (the plain reference on one): mixed load at concurrency 8 (greedy and sampled, prompts
+    at the context limit, ``n`` = 2, logprobs, structured output, stop tokens), clients that
+    disconnect mid-stream, invalid and guarded requests, tenants, corpus operations; the
+    server alive, no fatal log line, the plain server's greedy output, also after aborts."""
+    model = build_tiny_deepseek_v3(tmp_path / "ds")
+    run, _record = run_soak(tmp_path, capsys, [
+        "--model", str(model), "--requests", "40", "--max-running-requests", "8",
+        "--width", "8", "--algorithms", "SUFFIX", "--deadline-s", "900",
+        "--spec-args", " ".join(DP_ARGS),
+    ], min_parity=10)  # fmt: skip
+    log = Path(run["log"]).read_text(errors="replace")
+    assert "DP1" in log and "verify padded: DP attention" in log, log[-3000:]

@@ -208,7 +208,7 @@ def omp_bind_for(ranks: int, cores: Sequence[int], numa_nodes: int) -> str | Non
     return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
 
 
-def _bind_ranks(launch_args: Sequence[str], env: dict[str, str]) -> None:
+def bind_ranks(launch_args: Sequence[str], env: dict[str, str]) -> None:
     """Set :data:`OMP_BIND_ENV` for a multi-rank server where the user did not and the
     host would otherwise stop (more ranks than NUMA nodes), saying so on stderr."""
     if env.get(OMP_BIND_ENV):
@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cmd = launch_command(launch_args)
     env = cpu_serving_env()
-    _bind_ranks(launch_args, env)
+    bind_ranks(launch_args, env)
     if args.print_command:
         print(f"SGLANG_USE_CPU_ENGINE={env['SGLANG_USE_CPU_ENGINE']}")
         print(f"PYTHONPATH={env['PYTHONPATH']}")
