@@ -12,7 +12,8 @@ server (``--disaggregation-mode decode``, SUFFIX), KV moved by Mooncake over TCP
 * tenant scopes (``cache_salt``) and per-request caps (``custom_params.spec_ext``) behave
   as on one server, through the router package's MiniLB (its Rust PD router drops both
   fields: checked here so the docs stay true);
-* a short soak: concurrent mixed load, a client that disconnects mid-stream, bad input
+* a short soak: concurrent mixed load, a client that disconnects mid-stream, clients that
+  give up while their prompt's KV is computed or moved (aborts mid-transfer), bad input
   (refused by both servers at once; one refused by the SUFFIX decode server only, a
   penalty option, which the prefill server drops at its bootstrap timeout), and a decode server restarted as adaptive SUFFIX behind the
   running router: every answer right, the servers alive, no KV slot leaked (the host's
@@ -67,6 +68,9 @@ DECODE_ARGS = ("--disaggregation-mode", "decode", *TRANSFER_ARGS)
 #: The prefill server drops a request its decode peer never claims after this (the host's
 #: default is 300 s): a request the decode server refuses at admission.
 BOOTSTRAP_TIMEOUT_S = 20
+#: The decode server gives up on a request whose KV never comes (its prefill side aborted
+#: it) after this (the host's SGLANG_DISAGGREGATION_WAITING_TIMEOUT, default 300 s).
+DECODE_ENV = {**MOONCAKE_TCP_ENV, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(BOOTSTRAP_TIMEOUT_S)}
 PROMPTS = [
     "counting: " + ", ".join(str(i) for i in range(12)),
     "The lighthouse keeper wrote in the log every night",
@@ -121,7 +125,7 @@ def pair(tiny_model_dir, start_module_server, tmp_path_factory):
     servers = start_module_server.start_all(
         {
             "prefill": ServerConfig(tiny_model_dir, prefill_args, prefill_env),
-            "decode": ServerConfig(tiny_model_dir, (*DECODE_ARGS, *SUFFIX_ARGS), MOONCAKE_TCP_ENV),
+            "decode": ServerConfig(tiny_model_dir, (*DECODE_ARGS, *SUFFIX_ARGS), DECODE_ENV),
             "single": ServerConfig(tiny_model_dir, SUFFIX_ARGS),
         }
     )
@@ -281,11 +285,38 @@ def test_soak(pair, expected, start_module_server, tiny_model_dir):
         time.sleep(1)
     assert "timed out after" in _log(pair.prefill)
 
+    # aborts mid-transfer: requests (through the MiniLB, which keeps their ``rid``) aborted
+    # on the prefill or the decode server 10-100 ms after they were sent, while the prefill
+    # server computes or sends their KV and the decode server waits for it or decodes
+    long = " ".join(PROMPTS) * 6
+    plan = [(pair.prefill, 0.01), (pair.decode, 0.01), (pair.prefill, 0.05), (pair.decode, 0.1)]
+    with cf.ThreadPoolExecutor(len(plan)) as pool:
+        sent = []
+        for i, (server, delay) in enumerate(plan):
+            body = {**_greedy(f"{i}: {long}", n=96), "rid": f"abort-{i}-{time.time_ns()}"}
+            sent.append(pool.submit(requests.post, pair.mini.url + "/generate", json=body,
+                                    timeout=BOOTSTRAP_TIMEOUT_S + 120))  # fmt: skip
+            time.sleep(delay)
+            requests.post(server.base_url + "/abort_request", json={"rid": body["rid"]},
+                          timeout=30)  # fmt: skip
+        answers = [f.result() for f in sent]
+
+    def ended(r: requests.Response) -> str:
+        return "error" if r.status_code != 200 else r.json()["meta_info"]["finish_reason"]["type"]
+
+    ends = [ended(r) for r in answers]
+    print(f"\naborted mid-way (prefill, decode, prefill, decode): {ends}")
+    # an abort may come before its server has the request (then nothing to abort): at
+    # least one of the decode server's took (the 100 ms one, 96 tokens to decode)
+    assert ends[1::2] != ["length", "length"], ends
+    got = pair.router.generate(_greedy(PROMPTS[2]))  # the pair serves on, at once
+    assert got["output_ids"] == expected[PROMPTS[2]]
+
     # the decode server restarts (adaptive SUFFIX now) on its port behind the running router
     port = pair.decode.port
     pair.decode.stop()
     decode = start_module_server(tiny_model_dir, *DECODE_ARGS, *SUFFIX_ARGS, port=port,
-                                 env={**MOONCAKE_TCP_ENV, "SGLANG_SPEC_EXT_ADAPTIVE": "1"})  # fmt: skip
+                                 env={**DECODE_ENV, "SGLANG_SPEC_EXT_ADAPTIVE": "1"})  # fmt: skip
     deadline, outs = time.monotonic() + 180, None
     while outs is None and time.monotonic() < deadline:
         r = pair.router.post(_greedy(PROMPTS[0]), timeout=120)
