@@ -47,7 +47,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +57,8 @@ import requests
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sglang_spec_ext.bench.servers import LaunchedServer, free_port  # noqa: E402
+from sglang_spec_ext.bench.router import LaunchedRouter  # noqa: E402
+from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
 from sglang_spec_ext.machine import machine_info, package_versions  # noqa: E402
 from sglang_spec_ext.replay.trace import read_trace  # noqa: E402
 from sglang_spec_ext.sglang.cpu.serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
@@ -105,45 +105,6 @@ def serve(model: Path, name: str, spec: list[str], log_dir: Path, omp: int) -> L
                           name=name, log_path=log_dir / f"{name}.log").start()  # fmt: skip
 
 
-class Router:
-    """``python -m sglang_router.launch_router``, ready when ``/readiness`` answers 200."""
-
-    def __init__(self, policy: str, workers: list[str], log: Path, timeout: float = 240) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                    "--port", str(self.port), "--log-level", "warn", "--policy", policy,
-                    "--worker-urls", *workers, *ROUTER_ARGS, "--prometheus-host", "127.0.0.1",
-                    "--prometheus-port", str(free_port())]  # fmt: skip
-        self.log = log
-        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"router exited: {log.read_text(errors='replace')[-3000:]}")
-            try:
-                if requests.get(self.url + "/readiness", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"router not ready: {log.read_text(errors='replace')[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=15)
-        self._log.close()
-
-
 def generate(url: str, text: str, max_new_tokens: int) -> dict:
     payload = {"text": text,
                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}  # fmt: skip
@@ -188,7 +149,8 @@ def run_config(cfg: tuple, model: Path, prompts: list[dict], orders, args, tmp: 
         for k in range(replicas):  # one after another: two cold starts at once on 2 cores
             servers.append(serve(model, f"{tag}-{k}", spec, tmp, args.omp_threads))
         if policy:
-            router = Router(policy, [s.url for s in servers], tmp / f"{tag}-router.log")
+            router = LaunchedRouter(["--policy", policy, "--worker-urls", *(s.url for s in servers),
+                                     *ROUTER_ARGS], tmp / f"{tag}-router.log")  # fmt: skip
         url = router.url if router else servers[0].url
         counts = [[requests_served(s) for s in servers]]
         rounds = []
