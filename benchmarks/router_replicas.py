@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-import os
 import random
 import signal
 import sys
@@ -58,10 +57,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sglang_spec_ext.bench.router import LaunchedRouter  # noqa: E402
-from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
+from sglang_spec_ext.bench.servers import LaunchedServer, cpu_server  # noqa: E402
 from sglang_spec_ext.machine import machine_info, package_versions  # noqa: E402
 from sglang_spec_ext.replay.trace import read_trace  # noqa: E402
-from sglang_spec_ext.sglang.cpu.serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
 
 WIDTH = 8
 SEED = 0
@@ -98,11 +96,7 @@ def build_workload(tok, sets: list[str], per_set: int) -> list[dict]:
 def serve(model: Path, name: str, spec: list[str], log_dir: Path, omp: int) -> LaunchedServer:
     args = ["--max-total-tokens", "16384", "--random-seed", "0", "--sleep-on-idle",
             "--enable-metrics", *spec]  # fmt: skip
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SPEC_EXT_")}
-    if omp > 0:
-        base["OMP_NUM_THREADS"] = str(omp)
-    return LaunchedServer(str(model), with_cpu_defaults(args), env=cpu_serving_env(base),
-                          name=name, log_path=log_dir / f"{name}.log").start()  # fmt: skip
+    return cpu_server(model, name, args, log_dir, omp_threads=omp).start()
 
 
 def generate(url: str, text: str, max_new_tokens: int) -> dict:

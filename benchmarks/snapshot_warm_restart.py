@@ -48,10 +48,9 @@ import requests
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sglang_spec_ext.bench.servers import LaunchedServer  # noqa: E402
+from sglang_spec_ext.bench.servers import LaunchedServer, cpu_server  # noqa: E402
 from sglang_spec_ext.machine import machine_info  # noqa: E402
 from sglang_spec_ext.replay.trace import read_trace  # noqa: E402
-from sglang_spec_ext.sglang.cpu.serving import cpu_serving_env, with_cpu_defaults  # noqa: E402
 
 WIDTH = 8
 SEED = 0
@@ -92,16 +91,7 @@ def serve(
 ) -> LaunchedServer:
     args = ["--max-total-tokens", "16384", "--random-seed", "0", "--sleep-on-idle",
             "--speculative-algorithm", "SUFFIX", "--speculative-num-draft-tokens", str(WIDTH)]  # fmt: skip
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SPEC_EXT_")}
-    if omp_threads > 0:
-        base["OMP_NUM_THREADS"] = str(omp_threads)
-    return LaunchedServer(
-        str(model),
-        with_cpu_defaults(args),
-        env=cpu_serving_env(base, env),
-        name=name,
-        log_path=log_dir / f"{name}.log",
-    ).start()
+    return cpu_server(model, name, args, log_dir, env=env, omp_threads=omp_threads).start()
 
 
 def generate(server: LaunchedServer, ids: list[int], max_new_tokens: int) -> dict:

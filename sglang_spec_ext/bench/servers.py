@@ -263,3 +263,26 @@ class LaunchedServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def cpu_server(
+    model: Path | str,
+    name: str,
+    args: Sequence[str],
+    log_dir: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    omp_threads: int = 1,
+) -> LaunchedServer:
+    """An unstarted server on the CPU engine for a served benchmark: ``args`` with the
+    CPU defaults added, the CPU-serving environment plus ``env``, ``omp_threads`` OpenMP
+    threads (0: leave ``OMP_NUM_THREADS`` as it is; on a 2-core machine shared with other
+    work, spinning OpenMP threads made decoding 10x slower), its log ``log_dir/<name>.log``."""
+    from sglang_spec_ext.sglang.cpu.serving import cpu_serving_env, with_cpu_defaults
+
+    extra = dict(env or {})
+    if omp_threads > 0:
+        extra["OMP_NUM_THREADS"] = str(omp_threads)
+    return LaunchedServer(str(model), with_cpu_defaults(list(args)),
+                          env=cpu_serving_env(extra=extra), name=name,
+                          log_path=Path(log_dir) / f"{name}.log")  # fmt: skip

@@ -40,7 +40,6 @@ class DpTokenCounts:
         self.world = world
         self.stride = stride
         self.dp_rank = dp_rank
-        self.exchanges = 0
 
     def apply(self, batch: Any, tokens: int | None) -> None:
         """Set ``batch``'s per-rank counts to what every rank's forward runs this step.
@@ -70,7 +69,6 @@ class DpTokenCounts:
         mine = torch.tensor(local, dtype=torch.int64)
         out = [torch.empty(2, dtype=torch.int64) for _ in range(self.world)]
         torch.distributed.all_gather(out, mine, group=self.cpu_group)
-        self.exchanges += 1
         return out[:: self.stride]
 
 
